@@ -1,0 +1,56 @@
+"""Verify delivery over the preflight fan-out, with a short retry for lagging mounts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.remote import Failure, Fleet
+from fdl_tasks.rules import join_path
+from fdl_tasks.settings import Settings
+from fdl_tasks.verify import (
+    RemoteCopy,
+    delivery_problems,
+    file_sha256,
+    parse_verification,
+    required_glibc,
+    verification_script,
+)
+
+
+def verify_delivery(
+    fleet: Fleet,
+    root: str,
+    envelopes: Mapping[str, PerHostEnvelope],
+    settings: Settings,
+    warn: Callable[[str], None],
+) -> list[str]:
+    """Problems that make a host unable to run its binary; unreachable hosts only warn."""
+    expected = {h: file_sha256(Path(root, e.bin)) for h, e in envelopes.items()}
+    needed = {h: required_glibc(Path(root, e.bin)) for h, e in envelopes.items()}
+    scripts = {h: verification_script(fleet.workers[h].path, e) for h, e in envelopes.items()}
+    copies: dict[str, RemoteCopy] = {}
+    pending = set(envelopes)
+    for attempt in range(settings.verify_retries + 1):
+        if attempt:
+            time.sleep(settings.verify_retry_delay)
+        outcomes = fleet.run({h: scripts[h] for h in sorted(pending)}, settings.probe_timeout)
+        for host, outcome in outcomes.items():
+            copy = None if isinstance(outcome, Failure) else parse_verification(outcome.stdout)
+            if copy is None:
+                reason = outcome.reason if isinstance(outcome, Failure) else "no usable answer"
+                warn(f"verify: {host} not verified: {reason}")
+                pending.discard(host)
+                continue
+            copies[host] = copy
+            if copy.sha256 == expected[host]:
+                pending.discard(host)
+        if not pending:
+            break
+    problems = []
+    for host, copy in sorted(copies.items()):
+        path = join_path(fleet.workers[host].path, envelopes[host].bin)
+        problems += delivery_problems(host, path, copy, expected[host], needed[host])
+    return problems

@@ -1,0 +1,115 @@
+"""The cluster.yaml model: frozen value classes, no I/O.
+
+Validation of single values lives in the kinds below (each an ``Annotated``
+alias whose structure hook in :mod:`fdl_tasks.loader` checks it), so a bad
+value is reported with its exact key path while type checkers still see a
+plain ``str``; cross-field rules (duplicate host labels) are checked by the
+loader after structuring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import attrs
+
+from fdl_tasks.errors import FdlError
+
+#: A host label: used as a directory name under ``target/cluster/``.
+HostLabel = Annotated[str, "HostLabel"]
+#: A libtorch variant relative to ``<path>/libtorch/``, e.g. ``precompiled/cu128``.
+Arch = Annotated[str, "Arch"]
+#: An absolute filesystem path as one host sees it.
+AbsPath = Annotated[str, "AbsPath"]
+#: The value of an environment variable (YAML numbers are accepted and kept as text).
+EnvValue = Annotated[str, "EnvValue"]
+#: A TCP port, 1 to 65535.
+Port = Annotated[int, "Port"]
+#: One ssh_config-style option, ``Key=Value``.
+SshOption = Annotated[str, "SshOption"]
+#: An environment variable name.
+EnvName = Annotated[str, "EnvName"]
+
+#: The data path flodl uses when a host declares none.
+DEFAULT_DATA_PATH = "/flodl/data"
+
+
+@attrs.frozen
+class SshSettings:
+    """How to reach one worker; every field falls back to ssh_config, then Fabric."""
+
+    target: str | None = None
+    port: Port | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    options: tuple[SshOption, ...] = ()
+
+
+@attrs.frozen
+class DockerSettings:
+    """How the controller runs a build inside a container.
+
+    ``image`` may contain ``{cuda_version}`` / ``{cuda_tag}``; arches that
+    encode no CUDA version use ``cuda_version`` instead.
+    """
+
+    image: str
+    workspace: AbsPath = "/workspace"
+    libtorch: AbsPath = "/opt/libtorch"
+    cuda_version: str | None = None
+    run_args: tuple[str, ...] = ()
+    env: Mapping[EnvName, EnvValue] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Controller:
+    """The machine that builds; ``path`` is its view of the shared project root."""
+
+    path: AbsPath
+    arch: Arch | None = None
+    data_path: AbsPath | None = None
+    docker: DockerSettings | None = None
+    # flodl's own keys: accepted and carried for the launcher, unused here.
+    host: Any = None
+    port: Any = None
+    join: Any = None
+
+
+@attrs.frozen
+class Worker:
+    """One host of the rig, the controller itself possibly among them."""
+
+    host: HostLabel
+    path: AbsPath
+    arch: Arch | None = None
+    data_path: AbsPath | None = None
+    ssh: SshSettings = SshSettings()
+    env: Mapping[EnvName, EnvValue] = attrs.field(factory=dict)
+    # flodl's own keys: accepted and carried for the launcher, unused here.
+    local_devices: Any = None
+    nccl_socket_ifname: Any = None
+    tunnel: Any = None
+    docker: Any = None
+
+    @property
+    def ssh_target(self) -> str:
+        """The address ssh connects to: ``ssh.target``, else the label."""
+        return self.ssh.target or self.host
+
+
+@attrs.frozen
+class Cluster:
+    """A whole cluster.yaml."""
+
+    controller: Controller
+    workers: tuple[Worker, ...] = ()
+    env: Mapping[EnvName, EnvValue] = attrs.field(factory=dict)
+
+    def worker(self, label: str) -> Worker:
+        """The worker called ``label``; a clear error listing the known ones otherwise."""
+        for worker in self.workers:
+            if worker.host == label:
+                return worker
+        known = ", ".join(w.host for w in self.workers) or "none"
+        raise FdlError(f"unknown host {label!r}: cluster.yaml declares {known}")

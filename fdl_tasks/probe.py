@@ -1,0 +1,215 @@
+"""The preflight probe: the shell script sent to each host, its parsing, the verdicts.
+
+Pure logic; :mod:`fdl_tasks.remote` carries the script over ssh. One script
+per host answers everything in one round trip, as ``key=value`` lines
+between markers so that a login banner or a chatty shell rc cannot confuse
+the parser.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable
+from typing import Literal
+
+import attrs
+
+from fdl_tasks.model import DEFAULT_DATA_PATH, Controller, Worker
+
+Status = Literal["ok", "warning", "error"]
+DataState = Literal["ok", "missing", "unreadable"]
+
+BEGIN, END = "--fdl-probe-begin--", "--fdl-probe-end--"
+_GLIBC = re.compile(r"(?:glibc|gnu libc)[^\n]*?(\d+)\.(\d+)", re.IGNORECASE)
+
+
+@attrs.frozen
+class ProbeRequest:
+    """What to ask one host; hosts with equal requests share one Fabric group."""
+
+    data_path: str
+    data_declared: bool
+    abi: bool
+
+    @classmethod
+    def for_host(cls, host: Worker | Controller, abi: bool) -> ProbeRequest:
+        declared = host.data_path is not None
+        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi)
+
+    def script(self) -> str:
+        """POSIX sh that always exits 0 and prints every fact between the markers."""
+        path = shlex.quote(self.data_path)
+        lines = [
+            f"echo {BEGIN}",
+            f"if [ -d {path} ]; then if [ -r {path} ] && [ -x {path} ]; then echo data=ok; "
+            "else echo data=unreadable; fi; else echo data=missing; fi",
+        ]
+        if self.abi:
+            lines += [
+                "printf 'uname_m=%s\\n' \"$(uname -m 2>/dev/null)\"",
+                "printf 'libc=%s\\n' \"$(ldd --version 2>&1 | head -n 2 | tr '\\n' ' ')\"",
+                "if command -v pkill >/dev/null 2>&1; then echo pkill=yes; else echo pkill=no; fi",
+            ]
+        lines += [f"echo {END}", "exit 0"]
+        return "\n".join(lines)
+
+
+@attrs.frozen
+class ProbeFacts:
+    """What a host answered; ``None`` where it answered nothing usable."""
+
+    data: DataState | None
+    uname_m: str | None = None
+    libc: str | None = None
+    pkill: bool | None = None
+
+    @property
+    def musl(self) -> bool:
+        return self.libc is not None and "musl" in self.libc.lower()
+
+    @property
+    def glibc(self) -> tuple[int, int] | None:
+        match = _GLIBC.search(self.libc or "")
+        return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def parse_facts(stdout: str) -> ProbeFacts | None:
+    """The facts between the markers; ``None`` if the probe's output is incomplete."""
+    if BEGIN not in stdout or END not in stdout:
+        return None
+    body = stdout.split(BEGIN, 1)[1].split(END, 1)[0]
+    answers = dict(line.split("=", 1) for line in body.splitlines() if "=" in line)
+    data = answers.get("data")
+    pkill = answers.get("pkill")
+    return ProbeFacts(
+        data=data if data in ("ok", "missing", "unreadable") else None,  # type: ignore[arg-type]
+        uname_m=answers.get("uname_m", "").strip() or None,
+        libc=answers.get("libc", "").strip() or None,
+        pkill=None if pkill is None else pkill == "yes",
+    )
+
+
+@attrs.frozen
+class BuildEnvironment:
+    """The controller side of the ABI gate: where the shipped binary is built."""
+
+    machine: str
+    glibc: tuple[int, int] | None
+
+
+@attrs.frozen
+class Verdict:
+    """One host's preflight result."""
+
+    host: str
+    status: Status
+    errors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    facts: ProbeFacts | None = None
+    data_path: str = ""
+    local: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        facts = self.facts
+        return {
+            "host": self.host,
+            "status": self.status,
+            "local": self.local,
+            "errors": list(self.errors),
+            "warnings": list(self.warnings),
+            "data_path": self.data_path,
+            "data": facts.data if facts else None,
+            "arch": facts.uname_m if facts else None,
+            "libc": facts.libc if facts else None,
+            "pkill": facts.pkill if facts else None,
+        }
+
+
+def _version(v: tuple[int, int]) -> str:
+    return f"{v[0]}.{v[1]}"
+
+
+def judge(
+    host: str,
+    request: ProbeRequest,
+    facts: ProbeFacts | None,
+    build: BuildEnvironment,
+    *,
+    local: bool = False,
+) -> Verdict:
+    """Apply SPEC's preflight policy to what one host answered."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    path = request.data_path
+    if facts is None or facts.data is None:
+        warnings.append("the probe gave no usable answer; checks skipped")
+    elif facts.data == "missing" and request.data_declared:
+        errors.append(f"declared data_path {path} is missing (is the shared mount up?)")
+    elif facts.data == "missing":
+        warnings.append(f"default data_path {path} is missing (fine without shared storage)")
+    elif facts.data == "unreadable":
+        errors.append(f"data_path {path} exists but is not readable by the login user")
+    if request.abi and facts is not None:
+        _abi_gate(facts, build, errors, warnings)
+    status: Status = "error" if errors else "warning" if warnings else "ok"
+    return Verdict(host, status, tuple(errors), tuple(warnings), facts, path, local)
+
+
+def _abi_gate(
+    facts: ProbeFacts, build: BuildEnvironment, errors: list[str], warnings: list[str]
+) -> None:
+    if facts.uname_m is None:
+        warnings.append("'uname -m' gave no answer: CPU architecture not checked")
+    elif facts.uname_m != build.machine:
+        errors.append(
+            f"CPU architecture {facts.uname_m} differs from the build environment's "
+            f"{build.machine}: a controller-built binary cannot run there"
+        )
+    if facts.musl:
+        errors.append("musl libc: the build images are glibc-based, the binary cannot run there")
+    elif facts.glibc is None:
+        warnings.append(f"libc not recognised ({facts.libc or 'no answer from ldd --version'})")
+    elif build.glibc is not None and facts.glibc < build.glibc:
+        warnings.append(
+            f"glibc {_version(facts.glibc)} is older than the build environment's "
+            f"{_version(build.glibc)}: the binary's real needs are checked after "
+            "the build"
+        )
+    if facts.pkill is False:
+        warnings.append("pkill not found: orphan clean-up after a failed run is degraded")
+
+
+def unreachable(host: str, request: ProbeRequest, reason: str) -> Verdict:
+    """A probe never makes things worse than no probe: unreachable is a warning."""
+    return Verdict(host, "warning", (), (f"unreachable: {reason}",), None, request.data_path)
+
+
+def host_key_mismatch(host: str, request: ProbeRequest, reason: str) -> Verdict:
+    """A changed host key may be a man in the middle: always an error."""
+    return Verdict(host, "error", (reason,), (), None, request.data_path)
+
+
+def report_lines(verdicts: Iterable[Verdict]) -> list[str]:
+    """One line per problem, per host; then a summary line."""
+    lines: list[str] = []
+    counts: dict[Status, list[str]] = {"ok": [], "warning": [], "error": []}
+    for verdict in verdicts:
+        counts[verdict.status].append(verdict.host)
+        where = f"{verdict.host} (controller, local)" if verdict.local else verdict.host
+        problems = [f"error: {e}" for e in verdict.errors] + [
+            f"warning: {w}" for w in verdict.warnings
+        ]
+        if not problems:
+            lines.append(f"  ok       {where}")
+        for problem in problems:
+            label, text = problem.split(": ", 1)
+            lines.append(f"  {label:<8} {where}: {text}")
+    summary = (
+        f"preflight: {len(counts['ok'])} ok, {len(counts['warning'])} with warnings, "
+        f"{len(counts['error'])} with errors"
+    )
+    if counts["error"]:
+        summary += f" ({', '.join(counts['error'])})"
+    lines.append(summary)
+    return lines

@@ -1,0 +1,234 @@
+"""Fabric connections to the workers: one per host, kept open for a whole task.
+
+Host keys are trusted on first use and remembered, like OpenSSH's
+``StrictHostKeyChecking=accept-new``; a changed key is always an error.
+Each worker's ``ssh.options`` become an ssh_config block placed before the
+user's own ``~/.ssh/config``, so Fabric applies them exactly as it applies
+the user's file (first value wins, as in OpenSSH).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import fabric
+import paramiko
+from fabric.exceptions import GroupException
+from invoke.exceptions import CommandTimedOut
+
+from fdl_tasks.model import Worker
+from fdl_tasks.settings import Settings
+
+#: ssh_config keys (lower case) that Fabric and paramiko honour.
+HONOURED_OPTIONS = frozenset(
+    {
+        "hostname",
+        "port",
+        "user",
+        "identityfile",
+        "proxyjump",
+        "proxycommand",
+        "connecttimeout",
+        "forwardagent",
+    }
+)
+
+
+def split_option(option: str) -> tuple[str, str]:
+    """``ProxyJump=bastion`` or ``ProxyJump bastion`` → ``("proxyjump", "bastion")``."""
+    key, _, value = option.replace("=", " ", 1).partition(" ")
+    return key.strip().lower(), value.strip()
+
+
+def ssh_config_block(worker: Worker) -> tuple[str, list[str]]:
+    """The worker's options as an ssh_config ``Host *`` block, and the keys we cannot honour."""
+    lines, ignored = ["Host *"], []
+    for option in worker.ssh.options:
+        key, value = split_option(option)
+        if key in HONOURED_OPTIONS:
+            lines.append(f"    {key} {value}")
+        else:
+            ignored.append(option.replace("=", " ", 1).split(" ", 1)[0])
+    return "\n".join(lines) + "\n", ignored
+
+
+@attrs.frozen
+class Reply:
+    """A command that ran; its exit code may still be non-zero."""
+
+    stdout: str
+    stderr: str
+    exited: int
+
+
+@attrs.frozen
+class Failure:
+    """A command that never ran to the end on that host, and why in one line."""
+
+    reason: str
+    host_key_changed: bool = False
+
+
+Outcome = Reply | Failure
+
+
+class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
+    """Accept and remember an unknown host key; paramiko itself rejects a changed one.
+
+    Appends under a lock so that concurrent first connections from one
+    ThreadingGroup do not overwrite each other's entries.
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self, known_hosts: Path) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        with self._lock:
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self.known_hosts.open("a", encoding="utf-8") as stream:
+                stream.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def quiet_paramiko() -> None:
+    """Paramiko logs tracebacks for every failed handshake; we report one line instead."""
+    logger = logging.getLogger("paramiko")
+    logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+
+
+def describe_failure(exc: BaseException, settings: Settings, worker: Worker) -> Failure:
+    """One readable line for anything a connection or command can raise."""
+    where = f"{worker.ssh_target}:{worker.ssh.port or 22}"
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return Failure(
+            f"host key of {where} does not match the one remembered in {settings.known_hosts}: "
+            "it may be a man in the middle; if the host was reinstalled, remove the old key "
+            "with ssh-keygen -R",
+            host_key_changed=True,
+        )
+    if isinstance(exc, CommandTimedOut):
+        return Failure(f"no answer within {exc.timeout:g}s (command timed out)")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return Failure(f"authentication failed at {where}")
+    if isinstance(exc, socket.gaierror):
+        return Failure(f"cannot resolve {worker.ssh_target}")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError | ConnectionError):
+        return Failure(f"connection refused at {where}")
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return Failure(f"connection to {where} timed out after {settings.connect_timeout:g}s")
+    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
+        return Failure(
+            f"{where} accepted the connection but sent no SSH banner "
+            f"within {settings.connect_timeout:g}s"
+        )
+    return Failure(f"{type(exc).__name__} at {where}: {exc}".strip())
+
+
+class Fleet:
+    """Open Fabric connections to some workers; commands fan out in ThreadingGroups.
+
+    Hosts that get the same command share one group, and groups run
+    concurrently, so a whole fan-out costs one round trip of the slowest host.
+    """
+
+    def __init__(
+        self, workers: Iterable[Worker], settings: Settings, warn: Callable[[str], None]
+    ) -> None:
+        quiet_paramiko()
+        self.settings = settings
+        self.workers: dict[str, Worker] = {w.host: w for w in workers}
+        self.connections: dict[str, fabric.Connection] = {
+            label: self._connect(w, warn) for label, w in self.workers.items()
+        }
+
+    def _connect(self, worker: Worker, warn: Callable[[str], None]) -> fabric.Connection:
+        block, ignored = ssh_config_block(worker)
+        for key in ignored:
+            warn(
+                f"{worker.host}: ssh option {key} is not supported by Fabric/paramiko "
+                "and is ignored"
+            )
+        ssh_config = paramiko.SSHConfig.from_text(block)
+        user_config = Path(os.path.expanduser(self.settings.ssh_config))
+        if user_config.is_file():
+            with user_config.open(encoding="utf-8") as stream:
+                ssh_config.parse(stream)
+        connect_kwargs: dict[str, Any] = {
+            "banner_timeout": self.settings.connect_timeout,
+            "auth_timeout": self.settings.connect_timeout,
+            "channel_timeout": self.settings.connect_timeout,
+        }
+        if worker.ssh.identity_file:
+            connect_kwargs["key_filename"] = [os.path.expanduser(worker.ssh.identity_file)]
+        connection = fabric.Connection(
+            worker.ssh_target,
+            user=worker.ssh.user,
+            port=worker.ssh.port,
+            config=fabric.Config(ssh_config=ssh_config),
+            connect_timeout=int(max(1, self.settings.connect_timeout)),
+            connect_kwargs=connect_kwargs,
+        )
+        self._guard_host_keys(connection)
+        return connection
+
+    def _guard_host_keys(self, connection: fabric.Connection) -> None:
+        known_hosts = Path(os.path.expanduser(self.settings.known_hosts))
+        hop: Any = connection
+        while isinstance(hop, fabric.Connection):  # the target and each ProxyJump hop
+            if known_hosts.is_file():
+                hop.client.load_host_keys(str(known_hosts))
+            hop.client.set_missing_host_key_policy(TrustOnFirstUse(known_hosts))
+            hop = hop.gateway
+
+    def run(self, commands: Mapping[str, str], timeout: float) -> dict[str, Outcome]:
+        """Run ``commands[label]`` on each host; never raises for a host's failure."""
+        by_command: dict[str, list[str]] = {}
+        for label, command in commands.items():
+            by_command.setdefault(command, []).append(label)
+        outcomes: dict[str, Outcome] = {}
+        with ThreadPoolExecutor(max_workers=max(1, len(by_command))) as pool:
+            jobs = [
+                pool.submit(self._run_group, labels, command, timeout)
+                for command, labels in by_command.items()
+            ]
+            for job in jobs:
+                outcomes.update(job.result())
+        return outcomes
+
+    def _run_group(self, labels: list[str], command: str, timeout: float) -> dict[str, Outcome]:
+        group = fabric.ThreadingGroup.from_connections([self.connections[x] for x in labels])
+        try:
+            results = group.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
+        except GroupException as exc:
+            results = exc.result
+        outcomes: dict[str, Outcome] = {}
+        for label in labels:
+            result = results[self.connections[label]]
+            if isinstance(result, BaseException):
+                outcomes[label] = describe_failure(result, self.settings, self.workers[label])
+            else:
+                outcomes[label] = Reply(result.stdout, result.stderr, result.exited)
+        return outcomes
+
+    def close(self) -> None:
+        for connection in self.connections.values():
+            connection.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

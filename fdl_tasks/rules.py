@@ -1,0 +1,111 @@
+"""Pure naming rules: arch → slug, features and CUDA version; target dirs; the controller.
+
+No I/O here; everything is a function of the cluster model and its inputs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fdl_tasks.errors import FdlError
+from fdl_tasks.model import Arch, Cluster, Worker
+
+#: Where every per-host build tree lives, relative to the project root.
+CLUSTER_TARGET = "target/cluster"
+#: Environment variable that names the controller's host label.
+HOST_NAME_ENV = "FLODL_HOST_NAME"
+#: cargo builds release binaries into this subdirectory of the target dir.
+PROFILE_DIR = "release"
+
+_CUDA = re.compile(r"cu(\d+)(\d)(?![0-9])")
+_COMMAND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+_CRATE_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
+
+
+def arch_slug(arch: Arch) -> str:
+    """``precompiled/cu128`` → ``precompiled-cu128``: one path segment per arch."""
+    return arch.replace("/", "-")
+
+
+def cargo_features(arch: Arch) -> tuple[str, ...]:
+    """A ``cpu`` variant builds without features; every other variant with ``cuda``."""
+    return () if arch.rsplit("/", 1)[-1] == "cpu" else ("cuda",)
+
+
+def cuda_version(arch: Arch) -> str | None:
+    """``precompiled/cu128`` → ``12.8``; source builds and ``cpu`` encode none."""
+    match = _CUDA.match(arch.rsplit("/", 1)[-1])
+    return f"{int(match.group(1))}.{match.group(2)}" if match else None
+
+
+def check_command(name: str) -> str:
+    """The command is cargo's ``--bin`` name and a file name on every host."""
+    if not _COMMAND.fullmatch(name):
+        raise FdlError(
+            f"command {name!r} is not a valid binary name: use letters, digits, '_' "
+            "and '-' (it is passed to cargo as --bin and becomes a file name)"
+        )
+    return name
+
+
+def check_crate_dir(relative: str) -> str:
+    """The crate directory relative to the project root; ``""`` is the root itself."""
+    cleaned = relative.strip("/") if relative not in ("", ".") else ""
+    if relative.startswith("/") or (
+        cleaned and not all(_CRATE_SEGMENT.fullmatch(s) for s in cleaned.split("/"))
+    ):
+        raise FdlError(
+            f"crate directory {relative!r} must be a relative path inside the project "
+            "root, such as 'ddp-bench' (no '..', no absolute path)"
+        )
+    return cleaned
+
+
+def controller_label(override: str, env_value: str | None, hostname: str) -> str:
+    """The controller's label: task option, else ``FLODL_HOST_NAME``, else the hostname."""
+    return override or env_value or hostname
+
+
+def remote_workers(cluster: Cluster, controller: str) -> tuple[Worker, ...]:
+    """Every worker but the controller, compared by label, never by address.
+
+    A container on this machine reached through ``127.0.0.1`` on its own port
+    is a distinct host with its own arch, so addresses prove nothing.
+    """
+    return tuple(w for w in cluster.workers if w.host != controller)
+
+
+def require_arch(worker: Worker) -> Arch:
+    """The arch a prebuild needs, or an error that shows how to declare it."""
+    if worker.arch is None:
+        raise FdlError(
+            f"host {worker.host!r} has no 'arch': prebuild needs each remote host's "
+            "libtorch variant, e.g. arch: precompiled/cu128, builds/sm61-sm120 or "
+            "precompiled/cpu"
+        )
+    return worker.arch
+
+
+def target_dir(host: str, arch: Arch) -> str:
+    """``target/cluster/<host>/<arch-slug>``: keyed by host and arch.
+
+    Docker mounts every variant at the same container path, so cargo's own
+    fingerprint cannot see an arch swap; a new arch must mean a new directory.
+    """
+    return f"{CLUSTER_TARGET}/{host}/{arch_slug(arch)}"
+
+
+def binary_path(host: str, arch: Arch, command: str) -> str:
+    """The binary relative to the project root (and to every worker's ``path``)."""
+    return f"{target_dir(host, arch)}/{PROFILE_DIR}/{command}"
+
+
+def libtorch_dir(root: str, arch: Arch) -> str:
+    """``<root>/libtorch/<arch>``, with a trailing ``/`` on root trimmed."""
+    return f"{root.rstrip('/')}/libtorch/{arch}"
+
+
+def join_path(root: str, relative: str) -> str:
+    """``root`` joined with a relative path that may be empty."""
+    base = root.rstrip("/")
+    return f"{base}/{relative}" if relative else (base or "/")

@@ -1,0 +1,118 @@
+"""Delivery verification: does each remote really see a runnable copy of the binary?
+
+Pure logic plus one ELF reader. The script runs on each host in that host's
+own view of the paths; the verdict compares its answers with the binary on
+the controller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from pathlib import Path
+
+import attrs
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerNeedSection
+
+from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.errors import FdlError
+from fdl_tasks.probe import BEGIN, END, ProbeFacts
+from fdl_tasks.rules import join_path
+
+_GLIBC_SYMBOL = re.compile(r"GLIBC_(\d+)\.(\d+)")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def required_glibc(binary: Path) -> tuple[int, int] | None:
+    """The highest ``GLIBC_x.y`` symbol version the ELF file needs, if any."""
+    try:
+        with binary.open("rb") as stream:
+            versions = [
+                (int(m.group(1)), int(m.group(2)))
+                for section in ELFFile(stream).iter_sections()
+                if isinstance(section, GNUVerNeedSection)
+                for _, auxiliaries in section.iter_versions()
+                for aux in auxiliaries
+                if (m := _GLIBC_SYMBOL.fullmatch(aux.name))
+            ]
+    except (OSError, ELFError) as exc:
+        raise FdlError(f"cannot read the ELF file {binary}: {exc}") from None
+    return max(versions, default=None)
+
+
+def verification_script(worker_path: str, entry: PerHostEnvelope) -> str:
+    """Hash the binary, list unresolved libraries, report the libc: one round trip."""
+    binary = shlex.quote(join_path(worker_path, entry.bin))
+    library_path = shlex.quote(entry.ld_library_path)
+    return "\n".join(
+        [
+            f"echo {BEGIN}",
+            f"if [ -f {binary} ]; then echo \"sha256=$(sha256sum {binary} | cut -d' ' -f1)\"; "
+            "else echo sha256=missing; fi",
+            f"LD_LIBRARY_PATH={library_path} ldd {binary} 2>&1 | "
+            "sed -n 's/^[[:space:]]*\\([^[:space:]]*\\) => not found.*/missing_lib=\\1/p'",
+            "printf 'libc=%s\\n' \"$(ldd --version 2>&1 | head -n 2 | tr '\\n' ' ')\"",
+            f"echo {END}",
+            "exit 0",
+        ]
+    )
+
+
+@attrs.frozen
+class RemoteCopy:
+    """What a host reported about its copy of the binary."""
+
+    sha256: str | None
+    missing_libraries: tuple[str, ...]
+    libc: ProbeFacts
+
+
+def parse_verification(stdout: str) -> RemoteCopy | None:
+    if BEGIN not in stdout or END not in stdout:
+        return None
+    body = stdout.split(BEGIN, 1)[1].split(END, 1)[0].splitlines()
+    pairs = [line.split("=", 1) for line in body if "=" in line]
+    sha = next((v.strip() for k, v in pairs if k == "sha256"), None)
+    libc = next((v.strip() for k, v in pairs if k == "libc"), "")
+    return RemoteCopy(
+        sha256=None if sha in (None, "missing") else sha,
+        missing_libraries=tuple(v.strip() for k, v in pairs if k == "missing_lib"),
+        libc=ProbeFacts(data=None, libc=libc or None),
+    )
+
+
+def delivery_problems(
+    host: str, path: str, copy: RemoteCopy, expected_sha: str, needed_glibc: tuple[int, int] | None
+) -> list[str]:
+    """Every reason this host cannot run the binary the controller built."""
+    problems = []
+    if copy.sha256 is None:
+        problems.append(f"{host}: {path} does not exist in this host's view of the mount")
+    elif copy.sha256 != expected_sha:
+        problems.append(
+            f"{host}: {path} differs from the controller's build (remote sha256 "
+            f"{copy.sha256[:16]}…, controller {expected_sha[:16]}…): stale or "
+            "lagging shared mount"
+        )
+    if copy.missing_libraries:
+        problems.append(
+            f"{host}: libraries not found with the envelope's LD_LIBRARY_PATH: "
+            + ", ".join(copy.missing_libraries)
+        )
+    remote_glibc = copy.libc.glibc
+    if needed_glibc and remote_glibc and remote_glibc < needed_glibc:
+        problems.append(
+            f"{host}: the binary needs glibc {needed_glibc[0]}.{needed_glibc[1]} "
+            f"but the host has {remote_glibc[0]}.{remote_glibc[1]}"
+        )
+    return problems

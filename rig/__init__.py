@@ -1,0 +1,1 @@
+"""Test rigs for fdl-tasks: simulated ssh worker hosts (sshrig) and the docker builder."""

@@ -1,0 +1,388 @@
+"""Docker side of the test rig: a local dockerd and an offline-built builder image.
+
+The image is a Debian bookworm ``minbase`` rootfs (plus gcc/libc6-dev, which
+cargo needs as its linker) made with ``debootstrap`` from the apt mirror this
+machine is already configured with, then ``docker import``-ed.  No registry is
+involved.  Rust itself is not in the image: :func:`toolchain_run_args` bind-
+mounts the host's rustup toolchain read-only into every container.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "BUILDER_IMAGE",
+    "CACHE_DIR",
+    "CONTAINER_CARGO_HOME",
+    "CONTAINER_RUSTUP_HOME",
+    "DOCKERD_LOG",
+    "apt_mirror",
+    "ensure_builder_image",
+    "ensure_dockerd",
+    "image_exists",
+    "rootfs_tarball",
+    "toolchain_run_args",
+]
+
+BUILDER_IMAGE = "fdl-rig-builder"
+SUITE = "bookworm"
+INCLUDE_PACKAGES = ("gcc", "libc6-dev")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+CACHE_DIR = Path(os.environ.get("FDL_RIG_CACHE", "/var/cache/fdl-rig"))
+DOCKERD_LOG = Path(os.environ.get("FDL_RIG_DOCKERD_LOG", "/var/log/fdl-rig-dockerd.log"))
+
+# Where the host toolchain appears inside containers.  Deliberately *not*
+# /root/...: /root is mode 0700, so a ``--user 1000:1000`` container could not
+# traverse it even if the mounted directories themselves are world-readable.
+CONTAINER_RUSTUP_HOME = "/opt/rustup"
+CONTAINER_CARGO_BIN = "/opt/cargo"
+CONTAINER_CARGO_HOME = "/tmp/cargo-home"
+CONTAINER_HOME = "/tmp"
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+# --------------------------------------------------------------------- dockerd
+
+
+def _docker_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        proc = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return proc.returncode == 0 and bool(proc.stdout.strip())
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(no log at {path}: {exc})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def ensure_dockerd(timeout: float = 60) -> None:
+    """Make sure a docker daemon answers; start ``dockerd`` by hand if none does.
+
+    A daemon that already answers is left alone.  Otherwise ``dockerd`` is
+    started detached (its own session, stdin closed, output appended to
+    :data:`DOCKERD_LOG`) so it outlives the caller, and we poll ``docker info``
+    until it answers or ``timeout`` seconds pass.
+    """
+    if _docker_answers():
+        return
+    dockerd = shutil.which("dockerd")
+    if dockerd is None:
+        raise RuntimeError("docker does not answer and no dockerd binary is on PATH")
+    if os.geteuid() != 0:
+        raise RuntimeError("docker does not answer and starting dockerd needs root")
+
+    pidfile = Path("/var/run/docker.pid")
+    if pidfile.exists():
+        try:
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, 0)
+            alive = True
+        except (ValueError, ProcessLookupError, PermissionError):
+            alive = False
+        if not alive:
+            # Stale pidfile from a daemon that died with the machine session.
+            pidfile.unlink(missing_ok=True)
+
+    DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
+    proc: subprocess.Popen[bytes] | None = None
+    if not pidfile.exists():
+        with DOCKERD_LOG.open("ab") as log:
+            log.write(f"\n=== fdl-rig starting dockerd at {time.ctime()} ===\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                [dockerd],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _docker_answers():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(
+                f"dockerd exited with status {proc.returncode}; "
+                f"tail of {DOCKERD_LOG}:\n{_log_tail(DOCKERD_LOG)}"
+            )
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"docker did not answer within {timeout:.0f}s; tail of {DOCKERD_LOG}:\n"
+        f"{_log_tail(DOCKERD_LOG)}"
+    )
+
+
+# ---------------------------------------------------------------- apt mirror
+
+
+def _mirrors_from_one_line(text: str) -> list[tuple[str, list[str]]]:
+    found: list[tuple[str, list[str]]] = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line.startswith("deb "):
+            continue
+        line = re.sub(r"\[[^\]]*\]", " ", line)  # drop [signed-by=...] options
+        parts = line.split()
+        if len(parts) >= 3:
+            found.append((parts[1], [parts[2]]))
+    return found
+
+
+def _mirrors_from_deb822(text: str) -> list[tuple[str, list[str]]]:
+    found: list[tuple[str, list[str]]] = []
+    for stanza in re.split(r"\n\s*\n", text):
+        fields: dict[str, str] = {}
+        for raw in stanza.splitlines():
+            if raw.startswith("#") or ":" not in raw or raw[:1].isspace():
+                continue
+            key, _, value = raw.partition(":")
+            fields[key.strip().lower()] = value.strip()
+        if "deb" not in fields.get("types", "").split():
+            continue
+        if fields.get("enabled", "yes").lower() == "no":
+            continue
+        suites = fields.get("suites", "").split()
+        found.extend((uri, suites) for uri in fields.get("uris", "").split())
+    return found
+
+
+def apt_mirror(suite: str = SUITE) -> str:
+    """The Debian mirror apt is configured with for ``suite`` (not -security etc.)."""
+    candidates: list[tuple[str, list[str]]] = []
+    main = Path("/etc/apt/sources.list")
+    if main.is_file():
+        candidates += _mirrors_from_one_line(main.read_text(errors="replace"))
+    extra = Path("/etc/apt/sources.list.d")
+    if extra.is_dir():
+        for path in sorted(extra.iterdir()):
+            if path.suffix == ".list":
+                candidates += _mirrors_from_one_line(path.read_text(errors="replace"))
+            elif path.suffix == ".sources":
+                candidates += _mirrors_from_deb822(path.read_text(errors="replace"))
+    for uri, suites in candidates:
+        if suite in suites and uri.startswith(("http://", "https://", "file:")):
+            return uri.rstrip("/")
+    return DEFAULT_MIRROR
+
+
+# -------------------------------------------------------------- builder image
+
+
+def image_exists(ref: str) -> bool:
+    proc = subprocess.run(
+        ["docker", "image", "inspect", ref],
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+def rootfs_tarball() -> Path:
+    """Path of the cached rootfs tarball (may not exist yet)."""
+    return CACHE_DIR / f"{SUITE}-minbase-{'-'.join(INCLUDE_PACKAGES)}.tar"
+
+
+def _run_logged(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+        raise RuntimeError(f"{what} failed with status {proc.returncode}:\n{tail}")
+
+
+def _build_rootfs_tarball(dest: Path) -> None:
+    if os.geteuid() != 0:
+        raise RuntimeError("building the builder rootfs with debootstrap needs root")
+    if shutil.which("debootstrap") is None:
+        raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    mirror = apt_mirror()
+    with tempfile.TemporaryDirectory(prefix="rootfs-", dir=dest.parent) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        _run_logged(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(INCLUDE_PACKAGES)}",
+                SUITE,
+                str(rootfs),
+                mirror,
+            ],
+            f"debootstrap {SUITE} from {mirror}",
+        )
+        # Trim what a build container never needs.
+        shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
+        (rootfs / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+        partial = dest.with_name(dest.name + ".partial")
+        _run_logged(
+            ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial), "."],
+            "tar of the rootfs",
+        )
+        partial.replace(dest)
+
+
+def ensure_builder_image(name: str = BUILDER_IMAGE, tags: Sequence[str] = ("latest",)) -> str:
+    """Make sure ``name:tag`` exists for every tag in ``tags``; return ``name``.
+
+    All tags point at the same image.  The rootfs tarball is cached under
+    :data:`CACHE_DIR`, so a fresh docker daemon re-imports it without running
+    debootstrap again.
+    """
+    wanted = list(dict.fromkeys(tags)) or ["latest"]
+    present = [t for t in wanted if image_exists(f"{name}:{t}")]
+    if len(present) == len(wanted):
+        return name
+    if present:
+        source = f"{name}:{present[0]}"
+    else:
+        source = f"{name}:{wanted[0]}"
+        tarball = rootfs_tarball()
+        if not tarball.is_file():
+            _build_rootfs_tarball(tarball)
+        _run_logged(
+            [
+                "docker",
+                "import",
+                "--change",
+                f"ENV PATH={_SYSTEM_PATH}",
+                "--change",
+                'CMD ["/bin/bash"]',
+                str(tarball),
+                source,
+            ],
+            f"docker import {tarball}",
+        )
+    for tag in wanted:
+        ref = f"{name}:{tag}"
+        if ref != source and not image_exists(ref):
+            _run_logged(["docker", "tag", source, ref], f"docker tag {source} {ref}")
+    return name
+
+
+# ------------------------------------------------------------------ toolchain
+
+
+def _host_rustup_home() -> Path:
+    env = os.environ.get("RUSTUP_HOME")
+    return Path(env) if env else Path.home() / ".rustup"
+
+
+def _host_cargo_home() -> Path:
+    env = os.environ.get("CARGO_HOME")
+    return Path(env) if env else Path.home() / ".cargo"
+
+
+def _active_toolchain(rustup_home: Path) -> str:
+    """Name of the host's active toolchain directory under ``rustup_home/toolchains``."""
+    rustc = shutil.which("rustc") or str(_host_cargo_home() / "bin" / "rustc")
+    try:
+        proc = subprocess.run(
+            [rustc, "--print", "sysroot"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/",
+        )
+        sysroot = Path(proc.stdout.strip()).resolve()
+        toolchains = (rustup_home / "toolchains").resolve()
+        if sysroot.parent == toolchains:
+            return sysroot.name
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    settings = rustup_home / "settings.toml"
+    if settings.is_file():
+        match = re.search(r'^default_toolchain\s*=\s*"([^"]+)"', settings.read_text(), re.M)
+        if match:
+            name = match.group(1)
+            if (rustup_home / "toolchains" / name).is_dir():
+                return name
+            for cand in sorted((rustup_home / "toolchains").glob(f"{name}-*")):
+                return cand.name
+    raise RuntimeError(f"cannot find an installed rust toolchain under {rustup_home}")
+
+
+def toolchain_run_args() -> list[str]:
+    """Extra ``docker run`` arguments that make the host's cargo usable in the image.
+
+    * host ``~/.rustup`` -> ``/opt/rustup`` and ``~/.cargo`` -> ``/opt/cargo``,
+      both read-only (outside ``/root`` so any ``--user`` can traverse them);
+    * ``PATH`` starts with the active toolchain's own ``bin`` so ``cargo`` and
+      ``rustc`` resolve without going through the rustup proxies; the proxies
+      (``/opt/cargo/bin``) follow as a fallback with ``RUSTUP_HOME`` and
+      ``RUSTUP_TOOLCHAIN`` set;
+    * ``CARGO_HOME`` is a writable directory under ``/tmp`` and ``HOME=/tmp``,
+      so a non-root ``--user UID:GID`` without a passwd entry works too.
+    """
+    rustup_home = _host_rustup_home()
+    cargo_home = _host_cargo_home()
+    if not (rustup_home / "toolchains").is_dir():
+        raise RuntimeError(f"no rustup toolchains under {rustup_home}")
+    toolchain = _active_toolchain(rustup_home)
+    tc_bin = f"{CONTAINER_RUSTUP_HOME}/toolchains/{toolchain}/bin"
+    path = f"{tc_bin}:{CONTAINER_CARGO_BIN}/bin:{_SYSTEM_PATH}"
+    args = [
+        "-v",
+        f"{rustup_home.resolve()}:{CONTAINER_RUSTUP_HOME}:ro",
+    ]
+    if cargo_home.is_dir():
+        args += ["-v", f"{cargo_home.resolve()}:{CONTAINER_CARGO_BIN}:ro"]
+    args += [
+        "-e",
+        f"RUSTUP_HOME={CONTAINER_RUSTUP_HOME}",
+        "-e",
+        f"RUSTUP_TOOLCHAIN={toolchain}",
+        "-e",
+        f"CARGO_HOME={CONTAINER_CARGO_HOME}",
+        "-e",
+        f"HOME={CONTAINER_HOME}",
+        "-e",
+        f"PATH={path}",
+        # The toolchain is offline; make sure cargo never tries the network.
+        "-e",
+        "CARGO_NET_OFFLINE=true",
+    ]
+    return args
+
+
+#: Tags the demo and the tests use: one per CUDA version their arches encode.
+RIG_TAGS = ("12.8", "12.6", "11.8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m rig.docker_builder ensure``: dockerd up and the builder image tagged."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rig.docker_builder")
+    parser.add_argument("action", choices=["ensure"])
+    parser.parse_args(argv)
+    ensure_dockerd()
+    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
+    print(f"docker builder image {BUILDER_IMAGE}:{{{','.join(RIG_TAGS)}}} ready")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

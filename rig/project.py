@@ -1,0 +1,140 @@
+"""Build a throwaway fdl project: the ``ddp-bench`` workspace plus stub libtorch variants.
+
+Layout produced under ``root``::
+
+    Cargo.toml, Cargo.lock            workspace (member ddp-bench)
+    ddp-bench/                        the crate (build.rs links -ltorch, no rpath)
+    libtorch/<arch>/lib/libtorch.so   one stub per arch, e.g. precompiled/cu128
+
+Each stub's ``fdl_torch_variant()`` returns its arch string, so the built
+binary prints which libtorch the loader actually picked up.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+__all__ = [
+    "FIXTURE_DIR",
+    "STUB_SOURCE",
+    "add_variant",
+    "break_variant",
+    "libtorch_dir",
+    "make_project",
+]
+
+FIXTURE_DIR = Path(__file__).resolve().parent / "fixture"
+STUB_SOURCE = FIXTURE_DIR / "stub_libtorch.c"
+
+# Not copied into a project: build outputs and the stub source (it is compiled
+# into libtorch/<arch>/lib, not part of the cargo workspace).
+_IGNORED = shutil.ignore_patterns("target", "stub_libtorch.c", "__pycache__")
+
+
+def _check_arch(arch: str) -> PurePosixPath:
+    rel = PurePosixPath(arch)
+    if not arch or rel.is_absolute() or ".." in rel.parts or "." in rel.parts:
+        raise ValueError(f"arch must be a relative path like 'precompiled/cu128', got {arch!r}")
+    return rel
+
+
+def libtorch_dir(root: Path, arch: str) -> Path:
+    """``root/libtorch/<arch>`` (the directory that contains ``lib/``)."""
+    return Path(root) / "libtorch" / _check_arch(arch)
+
+
+def _c_string_literal(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def _compile_stub(lib_file: Path, arch: str) -> None:
+    lib_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = lib_file.with_name(lib_file.name + ".tmp")
+    cmd = [
+        os.environ.get("CC", "gcc"),
+        "-shared",
+        "-fPIC",
+        "-O2",
+        f"-DFDL_VARIANT={_c_string_literal(arch)}",
+        "-Wl,-soname,libtorch.so",
+        "-o",
+        str(tmp),
+        str(STUB_SOURCE),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"compiling the libtorch stub for {arch!r} failed: {shlex.join(cmd)}\n"
+            f"{proc.stdout}{proc.stderr}"
+        )
+    tmp.replace(lib_file)
+
+
+def _variant_marker(lib_dir: Path) -> Path:
+    return lib_dir / ".fdl-variant"
+
+
+def add_variant(root: Path, arch: str) -> Path:
+    """Compile the stub as ``root/libtorch/<arch>/lib/libtorch.so``; return the arch dir.
+
+    Skipped when an up-to-date stub for exactly this arch is already there.
+    """
+    arch_dir = libtorch_dir(root, arch)
+    lib_dir = arch_dir / "lib"
+    lib_file = lib_dir / "libtorch.so"
+    marker = _variant_marker(lib_dir)
+    up_to_date = (
+        lib_file.is_file()
+        and marker.is_file()
+        and marker.read_text() == arch
+        and lib_file.stat().st_mtime >= STUB_SOURCE.stat().st_mtime
+    )
+    if not up_to_date:
+        _compile_stub(lib_file, arch)
+        marker.write_text(arch)
+    return arch_dir
+
+
+def break_variant(root: Path, arch: str) -> Path:
+    """Remove ``root/libtorch/<arch>/lib`` (keeping the arch dir); return the arch dir."""
+    arch_dir = libtorch_dir(root, arch)
+    shutil.rmtree(arch_dir / "lib", ignore_errors=True)
+    arch_dir.mkdir(parents=True, exist_ok=True)
+    return arch_dir
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+def make_project(
+    root: Path,
+    variants: Iterable[str],
+    *,
+    owner: tuple[int, int] | None = None,
+) -> Path:
+    """Lay the fixture workspace into ``root`` and compile one stub per arch.
+
+    Idempotent: existing files are overwritten with the fixture's, an
+    existing ``target/`` under ``root`` is left alone, up-to-date stubs are
+    not recompiled.  ``owner=(uid, gid)`` chowns the whole tree afterwards
+    (root only), e.g. so a ``docker run --user uid:gid`` build can write
+    ``target/`` inside it.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(FIXTURE_DIR, root, ignore=_IGNORED, dirs_exist_ok=True)
+    for arch in variants:
+        add_variant(root, arch)
+    if owner is not None:
+        _chown_tree(root, *owner)
+    return root

@@ -1,0 +1,913 @@
+"""Simulated remote worker hosts, each served by its own real OpenSSH ``sshd`` on loopback.
+
+Every :class:`HostSpec` becomes one ``/usr/sbin/sshd -D`` instance with its own host key,
+listening on its own loopback address (``127.0.0.2``, ``127.0.0.3``, ...) and port, and
+accepting a client ed25519 key the rig generates (:attr:`Rig.client_key`).
+
+No aarch64 host, musl host, old-glibc host or pkill-less host can exist on this machine,
+so **CPU arch and libc are simulated by per-host shims served through a real sshd**:
+each host's sshd has ``ForceCommand <host_dir>/session.sh``, a wrapper that puts
+``<host_dir>/bin`` (the shims) first on ``PATH`` and then runs the client's command with
+``exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"``, so exit codes, stdin, stdout and stderr
+are the command's own, for OpenSSH and paramiko/Fabric exec requests alike (and sftp,
+whose subsystem command goes through the same wrapper). The shims:
+
+- ``uname`` / ``arch`` (when ``uname_m`` is set): ``uname -m`` / ``uname --machine`` /
+  ``arch`` print the simulated machine (nothing at all for ``""``); any other invocation
+  execs the real command.
+- ``ldd`` (when ``libc="musl"`` or ``glibc_version`` is set): only ``ldd --version`` is
+  faked.  musl prints the real musl loader banner *on stderr* and exits 1, exactly like
+  musl's ``ldd``; a glibc version replaces the first line with ``ldd (GNU libc) X.Y``
+  (stdout, exit 0).  ``ldd /some/binary`` always runs the real glibc ``ldd``.
+- ``getconf GNU_LIBC_VERSION`` follows the same simulated libc (``glibc X.Y``; an
+  "unrecognized variable" error, exit 1, on musl).
+- ``pkill=False``: ``PATH`` is ``<host_dir>/bin:<host_dir>/sysbin`` where ``sysbin`` holds
+  symlinks to every system command except ``pkill``, so ``command -v pkill`` fails
+  (``/usr/bin/pkill`` by absolute path still exists: it is the same machine).
+
+Limitations of the simulation: a command that starts a *login* shell (``bash -lc ...``)
+gets ``PATH`` reset by ``/etc/profile`` and sees the real machine; absolute paths
+(``/usr/bin/uname``) see the real machine too.
+
+State: everything (client key, host keys, sshd configs, logs, pid files, ``rig.json``
+with the host specs) lives in the state directory, so ``Rig(state_dir).down()`` or
+``python -m rig.sshrig down STATE_DIR`` tears a rig down from any process.  ``down()``
+stops processes only and deletes nothing but its pid files (keys survive a later
+``up()``).  Side effects outside the state dir, all idempotent and left in place:
+``/run/sshd`` (sshd's privilege-separation dir) is created; the non-root login user
+``fdlrig`` is created (``useradd``, shell bash, password field ``*`` so that sshd with
+``UsePAM no`` does not treat it as locked); when a host uses ``fdlrig``, the state dir and
+its ancestors get the ``o+x`` (traverse-only) bit so that user can reach its shims and
+the shared authorized-keys file (pytest's ``/tmp/pytest-of-root`` is ``0700``).
+
+Process hygiene: ``down()`` stops each host's session processes (leaves first, so every
+parent reaps its children), then its sshd/hang listener, then any stray process whose
+environment carries this host's ``FDLRIG_HOST_DIR`` marker.  A listener started by the
+current process is reaped by it; one started by a process that has since exited is
+reparented to PID 1, and on a machine whose PID 1 does not reap (this sandbox's does not)
+it stays a ``<defunct>`` zombie after ``down()``; it is dead, not running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, get_args
+
+__all__ = [
+    "DEFAULT_PORT",
+    "RIG_USER",
+    "HostSpec",
+    "Rig",
+    "RigError",
+]
+
+SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+PRIVSEP_DIR = Path("/run/sshd")
+RIG_USER = "fdlrig"
+RIG_USER_SHELL = "/bin/bash"
+DEFAULT_PORT = 2222
+SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+ENV_MARKER = "FDLRIG_HOST_DIR"
+STATE_FILE = "rig.json"
+MUSL_VERSION = "1.2.4"
+START_TIMEOUT = 10.0
+STOP_TIMEOUT = 5.0
+
+Listen = Literal["sshd", "none", "hang"]
+User = Literal["root", "fdlrig"]
+Libc = Literal["glibc", "musl"]
+Data = Literal["ok", "missing", "unreadable"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9/._+@:,=-]+$")
+_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)+$")
+
+# A listener that accepts TCP connections and never sends a byte (argv: addr port marker).
+_HANG_SCRIPT = """\
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(128)
+held = []
+while True:
+    conn, _ = s.accept()
+    held.append(conn)
+"""
+
+# Listener processes started by *this* process, by state dir, so down() can reap them
+# (no zombie) even when another process already killed them and removed the pid files.
+_CHILDREN: dict[Path, list[subprocess.Popen[bytes]]] = {}
+
+
+class RigError(RuntimeError):
+    """The rig could not be brought up, reconfigured or torn down."""
+
+
+def _check_literal(field: str, value: object, allowed: Any) -> None:
+    options = get_args(allowed)
+    if value not in options:
+        raise ValueError(f"HostSpec.{field} must be one of {options!r}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One simulated worker host."""
+
+    name: str
+    """Host label, e.g. ``node-a``; names the host's directory under ``state_dir/hosts``."""
+    address: str
+    """Loopback address the host's sshd listens on, e.g. ``127.0.0.2``."""
+    port: int = DEFAULT_PORT
+    listen: Listen = "sshd"
+    """``sshd``: a real sshd; ``none``: nothing listens (connect refused); ``hang``:
+    accepts TCP and never sends a byte (banner timeout)."""
+    user: User = "root"
+    """Login user; ``fdlrig`` is a non-root user the rig creates."""
+    uname_m: str | None = None
+    """``None``: the real ``uname -m``; else what ``uname -m`` prints (``""``: nothing)."""
+    libc: Libc = "glibc"
+    glibc_version: str | None = None
+    """E.g. ``"2.17"``: ``ldd --version`` reports that glibc; ``None``: the real one."""
+    pkill: bool = True
+    """``False``: ``command -v pkill`` fails on that host."""
+    data: Data = "ok"
+    """The host's data dir (:meth:`Rig.data_path`): present and readable; absent; present
+    but ``0700 root`` (unreadable for ``fdlrig``; root reads anything)."""
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"HostSpec.name must match {_NAME_RE.pattern}, got {self.name!r}")
+        try:
+            socket.inet_aton(self.address)
+        except OSError:
+            raise ValueError(
+                f"HostSpec.address must be an IPv4 address, got {self.address!r}"
+            ) from None
+        if not isinstance(self.port, int) or not 0 < self.port < 65536:
+            raise ValueError(f"HostSpec.port must be 1..65535, got {self.port!r}")
+        _check_literal("listen", self.listen, Listen)
+        _check_literal("user", self.user, User)
+        _check_literal("libc", self.libc, Libc)
+        _check_literal("data", self.data, Data)
+        if self.uname_m is not None and not re.match(r"^[A-Za-z0-9_.-]*$", self.uname_m):
+            raise ValueError(f"HostSpec.uname_m looks wrong: {self.uname_m!r}")
+        if self.glibc_version is not None:
+            if self.libc != "glibc":
+                raise ValueError("HostSpec.glibc_version only makes sense with libc='glibc'")
+            if not _VERSION_RE.match(self.glibc_version):
+                raise ValueError(
+                    f"HostSpec.glibc_version must look like '2.17', got {self.glibc_version!r}"
+                )
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> HostSpec:
+        return cls(**raw)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a process, or None if it does not exist."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = raw.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1])
+
+
+def _alive(pid: int) -> bool:
+    st = _proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _descendants(root: int) -> dict[int, int]:
+    """Live descendants of ``root`` as {pid: ppid}."""
+    parent: dict[int, int] = {}
+    for pid in _all_pids():
+        st = _proc_stat(pid)
+        if st is not None and st[0] not in ("Z", "X"):
+            parent[pid] = st[1]
+    found: dict[int, int] = {}
+    frontier = [root]
+    while frontier:
+        cur = frontier.pop()
+        for pid, ppid in parent.items():
+            if ppid == cur and pid not in found:
+                found[pid] = ppid
+                frontier.append(pid)
+    return found
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _reap_registered(state_dir: Path, pid: int | None = None) -> None:
+    """Reap (wait for) our own dead children, so they leave no zombie behind."""
+    kept: list[subprocess.Popen[bytes]] = []
+    for proc in _CHILDREN.get(state_dir, []):
+        if pid is not None and proc.pid != pid:
+            kept.append(proc)
+            continue
+        if proc.poll() is None:
+            kept.append(proc)
+    _CHILDREN[state_dir] = kept
+
+
+def _wait_gone(pids: Sequence[int], timeout: float, state_dir: Path) -> list[int]:
+    deadline = time.monotonic() + timeout
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        _reap_registered(state_dir)
+        left = [p for p in left if _alive(p)]
+        if left:
+            time.sleep(0.02)
+    return left
+
+
+def _kill_tree(root: int, state_dir: Path) -> None:
+    """Stop ``root``'s descendants leaves first (each parent reaps its children), then root."""
+    deadline = time.monotonic() + STOP_TIMEOUT
+    signalled: set[int] = set()
+    while time.monotonic() < deadline:
+        desc = _descendants(root)
+        if not desc:
+            break
+        parents = set(desc.values())
+        for pid in desc:
+            if pid not in parents and pid not in signalled:
+                _signal(pid, signal.SIGTERM)
+                signalled.add(pid)
+        time.sleep(0.02)
+    for pid in _descendants(root):
+        _signal(pid, signal.SIGKILL)
+    _signal(root, signal.SIGTERM)
+    if _wait_gone([root], STOP_TIMEOUT, state_dir):
+        _signal(root, signal.SIGKILL)
+        if _wait_gone([root], STOP_TIMEOUT, state_dir):
+            raise RigError(f"process {root} survived SIGKILL")
+
+
+def _marked_pids(host_dir: Path) -> list[int]:
+    """Live processes whose environment carries this host's session marker."""
+    needle = f"\0{ENV_MARKER}={host_dir}\0".encode()
+    me = os.getpid()
+    found = []
+    for pid in _all_pids():
+        if pid == me or not _alive(pid):
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in b"\0" + env + b"\0":
+            found.append(pid)
+    return found
+
+
+# --------------------------------------------------------------------------- misc helpers
+
+
+def _run(argv: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RigError(
+            f"{what} failed (exit {proc.returncode}): {shlex.join(argv)}\n"
+            f"{proc.stderr.strip() or proc.stdout.strip()}"
+        )
+    return proc
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _mkdir(path: Path, mode: int = 0o755) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, mode)
+    return path
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _port_free(spec: HostSpec) -> None:
+    """Raise RigError if address:port cannot be bound (taken, or address not local)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((spec.address, spec.port))
+        sock.listen(1)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise RigError(
+                f"host {spec.name!r}: {spec.address}:{spec.port} is already in use by another "
+                "process (another rig? try `python -m rig.sshrig down STATE_DIR`, or pick "
+                "another address/port)"
+            ) from None
+        raise RigError(
+            f"host {spec.name!r}: cannot bind {spec.address}:{spec.port}: {exc.strerror}"
+        ) from None
+    finally:
+        sock.close()
+
+
+def _sh_quote(value: str) -> str:
+    return shlex.quote(value)
+
+
+def _real(cmd: str) -> str:
+    found = shutil.which(cmd, path=os.pathsep.join(SYSTEM_PATH))
+    if found is None:
+        raise RigError(f"`{cmd}` not found on {':'.join(SYSTEM_PATH)}")
+    return found
+
+
+def _real_machine() -> str:
+    return os.uname().machine
+
+
+# --------------------------------------------------------------------------- the rig
+
+
+class Rig:
+    """A set of simulated ssh hosts whose state lives in ``state_dir``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir).absolute()
+
+    # ---- paths -------------------------------------------------------------------------
+
+    @property
+    def client_key(self) -> Path:
+        """The client's private ed25519 key (``.pub`` next to it)."""
+        return self.state_dir / "client" / "id_ed25519"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.state_dir / "authorized_keys"
+
+    def host_dir(self, name: str) -> Path:
+        return self.state_dir / "hosts" / name
+
+    def data_path(self, name: str) -> Path:
+        return self.host_dir(name) / "data"
+
+    def host_key(self, name: str) -> Path:
+        return self.host_dir(name) / "ssh_host_ed25519_key"
+
+    def log_path(self, name: str) -> Path:
+        """The host's sshd log (or hang-listener log)."""
+        spec = self.spec(name)
+        return self.host_dir(name) / ("hang.log" if spec.listen == "hang" else "sshd.log")
+
+    def _pidfile(self, name: str) -> Path:
+        return self.host_dir(name) / "listener.pid"
+
+    def _config(self, name: str) -> Path:
+        return self.host_dir(name) / "sshd_config"
+
+    # ---- state -------------------------------------------------------------------------
+
+    def hosts(self) -> dict[str, HostSpec]:
+        """The hosts recorded in the state dir (empty if none)."""
+        path = self.state_dir / STATE_FILE
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        return {name: HostSpec.from_json(d) for name, d in raw["hosts"].items()}
+
+    def spec(self, name: str) -> HostSpec:
+        try:
+            return self.hosts()[name]
+        except KeyError:
+            raise KeyError(f"no host {name!r} in rig {self.state_dir}") from None
+
+    def _save(self, hosts: dict[str, HostSpec]) -> None:
+        payload = {"version": 1, "hosts": {n: s.to_json() for n, s in sorted(hosts.items())}}
+        _write(self.state_dir / STATE_FILE, json.dumps(payload, indent=2) + "\n", 0o644)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / ".lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # ---- client-facing helpers ------------------------------------------------------------
+
+    def ssh_entry(self, name: str) -> dict[str, object]:
+        """The cluster.yaml ``ssh:`` mapping for that host."""
+        spec = self.spec(name)
+        return {
+            "target": spec.address,
+            "port": spec.port,
+            "user": spec.user,
+            "identity_file": str(self.client_key),
+        }
+
+    def ssh_argv(self, name: str, command: str, *, connect_timeout: int = 5) -> list[str]:
+        """An OpenSSH client argv running ``command`` on that host (ignores ~/.ssh/config)."""
+        spec = self.spec(name)
+        return [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            f"ConnectTimeout={connect_timeout}",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-i",
+            str(self.client_key),
+            "-p",
+            str(spec.port),
+            "-l",
+            spec.user,
+            spec.address,
+            "--",
+            command,
+        ]
+
+    def host_public_key(self, name: str) -> str:
+        """The host's current public key, ``ssh-ed25519 AAAA...`` (no comment)."""
+        parts = (self.host_key(name).with_suffix(".pub")).read_text().split()
+        return f"{parts[0]} {parts[1]}"
+
+    def known_hosts_line(self, name: str) -> str:
+        """A known_hosts line for the host's current key (``[addr]:port`` form)."""
+        spec = self.spec(name)
+        target = spec.address if spec.port == 22 else f"[{spec.address}]:{spec.port}"
+        return f"{target} {self.host_public_key(name)}"
+
+    def is_running(self, name: str) -> bool:
+        spec = self.spec(name)
+        return spec.listen == "none" or self._listener_pid(spec) is not None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def up(self, hosts: Sequence[HostSpec]) -> None:
+        """Bring ``hosts`` up (hosts from an earlier ``up`` stay as they are).
+
+        A host already running with the same spec is left alone; a changed spec is
+        stopped and restarted (keeping its host key).  Fails with :class:`RigError` if an
+        address:port is taken.  On failure, hosts started by this call are stopped again.
+        Returns once every sshd answers with its banner and every hang listener accepts.
+        """
+        names = [h.name for h in hosts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate host names in {names}")
+        if not _SAFE_PATH_RE.match(str(self.state_dir)):
+            raise RigError(
+                f"state dir {self.state_dir} has characters sshd_config cannot take "
+                "(use letters, digits and ._+@:,=- only)"
+            )
+        started: list[HostSpec] = []
+        with self._locked():
+            state = self.hosts()
+            want = dict(state)
+            want.update({h.name: h for h in hosts})
+            endpoints: dict[tuple[str, int], str] = {}
+            for spec in want.values():
+                other = endpoints.setdefault((spec.address, spec.port), spec.name)
+                if other != spec.name:
+                    raise RigError(
+                        f"hosts {other!r} and {spec.name!r} both use {spec.address}:{spec.port}"
+                    )
+            self._ensure_common(hosts)
+            try:
+                for spec in hosts:
+                    old = state.get(spec.name)
+                    if old == spec and self._listener_running(spec):
+                        continue
+                    if old is not None:
+                        self._stop(old)
+                    self._prepare(spec)
+                    state[spec.name] = spec
+                    self._save(state)
+                    self._start(spec)
+                    started.append(spec)
+            except BaseException:
+                for spec in started:
+                    with contextlib.suppress(Exception):
+                        self._stop(spec)
+                raise
+
+    def down(self) -> None:
+        """Stop every process of the rig (safe twice, and from any process)."""
+        if not self.state_dir.exists():
+            return
+        with self._locked():
+            errors = []
+            for spec in self.hosts().values():
+                try:
+                    self._stop(spec)
+                except RigError as exc:
+                    errors.append(f"{spec.name}: {exc}")
+            for proc in _CHILDREN.pop(self.state_dir, []):
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            if errors:
+                raise RigError("down() left processes behind:\n" + "\n".join(errors))
+
+    def stop_host(self, name: str) -> None:
+        """Stop that host's listener and sessions (the host "disappears")."""
+        with self._locked():
+            self._stop(self.spec(name))
+
+    def start_host(self, name: str) -> None:
+        """Start that host again, same key and config (no-op if it is running)."""
+        with self._locked():
+            spec = self.spec(name)
+            if not self._listener_running(spec):
+                self._start(spec)
+
+    def rekey(self, name: str) -> None:
+        """Give that host a new host key and restart its sshd."""
+        with self._locked():
+            spec = self.spec(name)
+            if spec.listen != "sshd":
+                raise RigError(f"host {name!r} has listen={spec.listen!r}: no sshd to rekey")
+            self._stop(spec)
+            key = self.host_key(name)
+            key.unlink(missing_ok=True)
+            key.with_suffix(".pub").unlink(missing_ok=True)
+            self._host_keygen(spec)
+            self._start(spec)
+
+    def __enter__(self) -> Rig:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.down()
+
+    # ---- internals: one-off setup ----------------------------------------------------------
+
+    def _ensure_common(self, hosts: Sequence[HostSpec]) -> None:
+        _mkdir(self.state_dir)
+        _mkdir(self.state_dir / "hosts")
+        client_dir = _mkdir(self.state_dir / "client", 0o700)
+        if not self.client_key.exists():
+            _run(
+                [
+                    "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "fdlrig-client",
+                    "-f", str(self.client_key),
+                ],
+                "client key generation",
+            )  # fmt: skip
+        os.chmod(self.client_key, 0o600)
+        pub = (client_dir / "id_ed25519.pub").read_text()
+        _write(self.authorized_keys, pub, 0o644)
+        PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if any(h.user == RIG_USER for h in hosts):
+            self._ensure_user()
+            for directory in [self.state_dir, *self.state_dir.parents]:
+                mode = directory.stat().st_mode
+                if not mode & stat.S_IXOTH:
+                    os.chmod(directory, stat.S_IMODE(mode) | stat.S_IXOTH)
+
+    @staticmethod
+    def _ensure_user() -> None:
+        probe = subprocess.run(["getent", "passwd", RIG_USER], capture_output=True, check=False)
+        if probe.returncode != 0:
+            proc = subprocess.run(
+                ["useradd", "--create-home", "--user-group", "--shell", RIG_USER_SHELL, RIG_USER],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if proc.returncode not in (0, 9):  # 9: created meanwhile by someone else
+                raise RigError(f"useradd {RIG_USER} failed: {proc.stderr.strip()}")
+        # "!" (useradd's default) means "locked" to sshd with UsePAM no, even for keys.
+        _run(["usermod", "-p", "*", RIG_USER], f"unlocking {RIG_USER}")
+
+    def _host_keygen(self, spec: HostSpec) -> None:
+        key = self.host_key(spec.name)
+        if not key.exists():
+            _run(
+                [
+                    "ssh-keygen", "-q", "-t", "ed25519", "-N", "",
+                    "-C", f"fdlrig-host-{spec.name}", "-f", str(key),
+                ],
+                f"host key generation for {spec.name}",
+            )  # fmt: skip
+        os.chmod(key, 0o600)
+
+    def _prepare(self, spec: HostSpec) -> None:
+        hd = _mkdir(self.host_dir(spec.name))
+        self._host_keygen(spec)
+        # Shims.
+        bindir = hd / "bin"
+        shutil.rmtree(bindir, ignore_errors=True)
+        _mkdir(bindir)
+        for cmd, body in self._shims(spec).items():
+            _write(bindir / cmd, body, 0o755)
+        sysbin = hd / "sysbin"
+        shutil.rmtree(sysbin, ignore_errors=True)
+        if spec.pkill:
+            path = [str(bindir), *SYSTEM_PATH]
+        else:
+            _mkdir(sysbin)
+            seen_dirs: set[str] = set()
+            for d in SYSTEM_PATH:
+                real_dir = os.path.realpath(d)
+                if real_dir in seen_dirs or not os.path.isdir(d):
+                    continue
+                seen_dirs.add(real_dir)
+                for entry in sorted(os.listdir(d)):
+                    link = sysbin / entry
+                    if entry == "pkill" or link.exists() or link.is_symlink():
+                        continue
+                    link.symlink_to(os.path.join(d, entry))
+            path = [str(bindir), str(sysbin)]
+        # Session wrapper (sshd ForceCommand).
+        wrapper = (
+            "#!/bin/sh\n"
+            f"# rig.sshrig session wrapper for host {spec.name} (sshd ForceCommand)\n"
+            f"PATH={_sh_quote(':'.join(path))}\n"
+            "export PATH\n"
+            f"{ENV_MARKER}={_sh_quote(str(hd))}\n"
+            f"export {ENV_MARKER}\n"
+            'if [ -z "${SSH_ORIGINAL_COMMAND+set}" ]; then\n'
+            '    exec "${SHELL:-/bin/sh}"\n'
+            "fi\n"
+            'exec "${SHELL:-/bin/sh}" -c "$SSH_ORIGINAL_COMMAND"\n'
+        )
+        _write(hd / "session.sh", wrapper, 0o755)
+        # Data dir.
+        data = self.data_path(spec.name)
+        if spec.data == "missing":
+            shutil.rmtree(data, ignore_errors=True)
+        else:
+            data.mkdir(exist_ok=True)
+            os.chown(data, 0, 0)
+            os.chmod(data, 0o755 if spec.data == "ok" else 0o700)
+        # sshd config.
+        if spec.listen == "sshd":
+            config = "\n".join(
+                [
+                    f"# generated by rig.sshrig for host {spec.name}",
+                    f"ListenAddress {spec.address}:{spec.port}",
+                    f"HostKey {self.host_key(spec.name)}",
+                    f"PidFile {hd / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.authorized_keys}",
+                    "AuthorizedPrincipalsFile none",
+                    "StrictModes no",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PermitRootLogin prohibit-password",
+                    f"AllowUsers root {RIG_USER}",
+                    "UsePAM no",
+                    "UseDNS no",
+                    "PrintMotd no",
+                    "PrintLastLog no",
+                    "X11Forwarding no",
+                    "PermitUserEnvironment no",
+                    "MaxStartups 64:30:128",
+                    "MaxSessions 32",
+                    "LoginGraceTime 30",
+                    "LogLevel VERBOSE",
+                    f"ForceCommand {hd / 'session.sh'}",
+                    f"Subsystem sftp {SFTP_SERVER}",
+                    "",
+                ]
+            )
+            _write(self._config(spec.name), config, 0o644)
+
+    @staticmethod
+    def _shims(spec: HostSpec) -> dict[str, str]:
+        shims: dict[str, str] = {}
+        head = f"#!/bin/sh\n# rig.sshrig shim for host {spec.name}\n"
+        if spec.uname_m is not None:
+            say = f"printf '%s\\n' {_sh_quote(spec.uname_m)}" if spec.uname_m else ":"
+            shims["uname"] = (
+                head + 'if [ "$#" -eq 1 ] && { [ "$1" = -m ] || [ "$1" = --machine ]; }; then\n'
+                f"    {say}\n    exit 0\nfi\nexec {_real('uname')} \"$@\"\n"
+            )
+            shims["arch"] = (
+                head + f'if [ "$#" -eq 0 ]; then\n    {say}\n    exit 0\nfi\n'
+                f'exec {_real("arch")} "$@"\n'
+            )
+        ldd = _real("ldd")
+        getconf = _real("getconf")
+        if spec.libc == "musl":
+            arch = spec.uname_m or _real_machine()
+            banner = (
+                f"musl libc ({arch})\\nVersion {MUSL_VERSION}\\nDynamic Program Loader\\n"
+                "Usage: ldd [options] [--] pathname\\n"
+            )
+            shims["ldd"] = (
+                head + 'if [ "$#" -eq 1 ] && [ "$1" = --version ]; then\n'
+                f"    printf {_sh_quote(banner)} >&2\n    exit 1\nfi\n"
+                f'exec {ldd} "$@"\n'
+            )
+            shims["getconf"] = (
+                head + 'if [ "$#" -eq 1 ] && [ "$1" = GNU_LIBC_VERSION ]; then\n'
+                "    echo 'getconf: GNU_LIBC_VERSION: unknown variable' >&2\n    exit 1\nfi\n"
+                f'exec {getconf} "$@"\n'
+            )
+        elif spec.glibc_version is not None:
+            first = f"ldd (GNU libc) {spec.glibc_version}"
+            shims["ldd"] = (
+                head + 'if [ "$#" -eq 1 ] && [ "$1" = --version ]; then\n'
+                f"    printf '%s\\n' {_sh_quote(first)}\n"
+                f"    {ldd} --version | {_real('tail')} -n +2\n    exit 0\nfi\n"
+                f'exec {ldd} "$@"\n'
+            )
+            shims["getconf"] = (
+                head + 'if [ "$#" -eq 1 ] && [ "$1" = GNU_LIBC_VERSION ]; then\n'
+                f"    printf '%s\\n' {_sh_quote('glibc ' + spec.glibc_version)}\n    exit 0\nfi\n"
+                f'exec {getconf} "$@"\n'
+            )
+        return shims
+
+    # ---- internals: processes ----------------------------------------------------------
+
+    def _listener_pid(self, spec: HostSpec) -> int | None:
+        """The pid of the host's live listener, if the pid file names one that is ours."""
+        try:
+            pid = int(self._pidfile(spec.name).read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        marker = str(self.host_dir(spec.name)).encode()
+        if _alive(pid) and marker in _cmdline(pid):
+            return pid
+        return None
+
+    def _listener_running(self, spec: HostSpec) -> bool:
+        if spec.listen == "none":
+            return True
+        return self._listener_pid(spec) is not None
+
+    def _start(self, spec: HostSpec) -> None:
+        hd = self.host_dir(spec.name)
+        _port_free(spec)
+        if spec.listen == "none":
+            return
+        if spec.listen == "sshd":
+            config = str(self._config(spec.name))
+            check = subprocess.run(
+                [SSHD, "-t", "-f", config], capture_output=True, text=True, check=False
+            )
+            if check.returncode != 0:
+                raise RigError(
+                    f"host {spec.name!r}: `sshd -t -f {config}` rejected the config:\n"
+                    f"{check.stderr.strip()}"
+                )
+            log = hd / "sshd.log"
+            argv = [SSHD, "-D", "-f", config, "-E", str(log)]
+        else:
+            log = hd / "hang.log"
+            argv = [sys.executable, "-c", _HANG_SCRIPT, spec.address, str(spec.port), str(hd)]
+        with open(log, "ab") as logfh:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=logfh,
+                stderr=logfh,
+                start_new_session=True,
+                close_fds=True,
+            )
+        _CHILDREN.setdefault(self.state_dir, []).append(proc)
+        _write(self._pidfile(spec.name), f"{proc.pid}\n", 0o644)
+        self._await_listening(spec, proc, log)
+
+    def _await_listening(self, spec: HostSpec, proc: subprocess.Popen[bytes], log: Path) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        last = "not tried"
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                self._pidfile(spec.name).unlink(missing_ok=True)
+                raise RigError(
+                    f"host {spec.name!r}: {spec.listen} listener exited with {proc.returncode} "
+                    f"before listening on {spec.address}:{spec.port}; log {log}:\n{_tail(log)}"
+                )
+            try:
+                with socket.create_connection((spec.address, spec.port), timeout=1.0) as sock:
+                    if spec.listen == "hang":
+                        return
+                    banner = sock.recv(256)
+                    if banner.startswith(b"SSH-"):
+                        return
+                    last = f"unexpected banner {banner!r}"
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.02)
+        self._stop(spec)
+        raise RigError(
+            f"host {spec.name!r}: {spec.listen} on {spec.address}:{spec.port} not ready after "
+            f"{START_TIMEOUT}s ({last}); log {log}:\n{_tail(log)}"
+        )
+
+    def _stop(self, spec: HostSpec) -> None:
+        hd = self.host_dir(spec.name)
+        pid = self._listener_pid(spec)
+        if pid is not None:
+            _kill_tree(pid, self.state_dir)
+        # Sessions that escaped the tree (double-forked remote commands).
+        strays = _marked_pids(hd)
+        for stray in strays:
+            _signal(stray, signal.SIGTERM)
+        left = _wait_gone(strays, STOP_TIMEOUT, self.state_dir)
+        for stray in left:
+            _signal(stray, signal.SIGKILL)
+        left = _wait_gone(left, STOP_TIMEOUT, self.state_dir)
+        _reap_registered(self.state_dir)
+        self._pidfile(spec.name).unlink(missing_ok=True)
+        (hd / "sshd.pid").unlink(missing_ok=True)
+        if left:
+            raise RigError(f"host {spec.name!r}: processes {left} survived SIGKILL")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rig.sshrig", description="Manage an ssh rig by its state dir."
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("down", help="stop every process of the rig").add_argument(
+        "state_dir", type=Path
+    )
+    sub.add_parser("status", help="list the rig's hosts").add_argument("state_dir", type=Path)
+    args = parser.parse_args(argv)
+    rig = Rig(args.state_dir)
+    if args.cmd == "down":
+        try:
+            rig.down()
+        except RigError as exc:
+            print(f"rig down: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    for name, spec in rig.hosts().items():
+        state = "up" if rig.is_running(name) else "down"
+        print(f"{name}\t{spec.address}:{spec.port}\t{spec.listen}\t{spec.user}\t{state}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The collection through the real ``inv`` entry point: composition, config, errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA
+
+ROOT_TASKS = "from fdl_tasks import ns\n"
+NESTED_TASKS = """\
+from invoke import Collection, task
+import fdl_tasks
+
+@task
+def hello(c):
+    print("hello")
+
+ns = Collection(hello)
+ns.add_collection(fdl_tasks.ns, "fdl")
+"""
+CLUSTER = """\
+controller: {{path: {root}}}
+workers:
+  - {{host: {name}-a, path: /mnt/p, arch: precompiled/cu128, ssh: {{target: 127.0.0.9}}}}
+  - {{host: {name}-b, path: /mnt/p, arch: precompiled/cpu}}
+"""
+
+
+def inv(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))}
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        env=environment,
+        timeout=60,
+    )
+
+
+def project(tmp_path: Path, tasks: str, *names: str) -> Path:
+    (tmp_path / "tasks.py").write_text(tasks)
+    for name in names:
+        (tmp_path / f"{name}.yaml").write_text(CLUSTER.format(root=tmp_path, name=name))
+    return tmp_path
+
+
+def test_root_composition_lists_and_documents_tasks(tmp_path: Path) -> None:
+    root = project(tmp_path, ROOT_TASKS, "cluster")
+    listed = inv(root, "--list")
+    assert listed.returncode == 0
+    for name in ("preflight", "build-host", "prebuild"):
+        assert name in listed.stdout
+    helped = inv(root, "--help", "prebuild")
+    for option in ("--cmd", "--crate-dir", "--jobs", "--per-host", "--no-prebuild", "--json"):
+        assert option in helped.stdout
+    dry = inv(root, "--dry", "preflight")
+    assert dry.returncode == 0, dry.stderr
+    assert "[cluster-a] ssh 127.0.0.9:22" in dry.stderr
+
+
+def test_nested_composition(tmp_path: Path) -> None:
+    root = project(tmp_path, NESTED_TASKS, "cluster")
+    assert "fdl.prebuild" in inv(root, "--list").stdout
+    dry = inv(root, "--dry", "fdl.preflight")
+    assert dry.returncode == 0, dry.stderr
+    assert "[cluster-b] ssh cluster-b:22" in dry.stderr
+
+
+def test_config_precedence(tmp_path: Path) -> None:
+    root = project(
+        tmp_path,
+        NESTED_TASKS + 'ns.configure({"fdl": {"cluster_file": "conf.yaml"}})\n',
+        "conf",
+        "yml",
+        "env",
+        "opt",
+    )
+    assert "[conf-a]" in inv(root, "--dry", "fdl.preflight").stderr
+    (root / "invoke.yaml").write_text("fdl:\n  cluster_file: yml.yaml\n")
+    assert "[yml-a]" in inv(root, "--dry", "fdl.preflight").stderr
+    env = {"INVOKE_FDL_CLUSTER_FILE": "env.yaml"}
+    assert "[env-a]" in inv(root, "--dry", "fdl.preflight", env=env).stderr
+    by_option = inv(root, "--dry", "fdl.preflight", "--cluster-file", "opt.yaml", env=env)
+    assert "[opt-a]" in by_option.stderr
+
+
+def test_controller_label_from_env_and_option(tmp_path: Path) -> None:
+    root = project(tmp_path, ROOT_TASKS, "cluster")
+    by_env = inv(root, "--dry", "preflight", env={"FLODL_HOST_NAME": "cluster-a"})
+    assert "[cluster-a] (local)" in by_env.stderr and "[cluster-a] ssh" not in by_env.stderr
+    by_option = inv(
+        root,
+        "--dry",
+        "preflight",
+        "--controller-host",
+        "cluster-b",
+        env={"FLODL_HOST_NAME": "cluster-a"},
+    )
+    assert "[cluster-b] (local)" in by_option.stderr and "[cluster-a] ssh" in by_option.stderr
+    numeric = inv(root, "--dry", "preflight", env={"INVOKE_FDL_CONNECT_TIMEOUT": "abc"})
+    assert numeric.returncode != 0
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (DATA / "bad").iterdir()))
+def test_bad_cluster_files_through_inv(tmp_path: Path, name: str) -> None:
+    root = project(tmp_path, ROOT_TASKS)
+    done = inv(root, "preflight", "--cluster-file", str(DATA / "bad" / name))
+    assert done.returncode == 1
+    assert done.stderr.startswith("fdl: ") and str(DATA / "bad" / name) in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_bad_setting_and_unknown_host(tmp_path: Path) -> None:
+    root = project(tmp_path, ROOT_TASKS, "cluster")
+    bad = inv(root, "build-host", "--host", "nope", "--cmd", "x")
+    assert bad.returncode == 1 and "unknown host 'nope'" in bad.stderr
+    assert "cluster-a, cluster-b" in bad.stderr
+    jobs = inv(root, "prebuild", "--cmd", "x", "--jobs", "many")
+    assert jobs.returncode == 1 and "fdl.build_jobs must be int" in jobs.stderr
+    cmd = inv(root, "prebuild", "--cmd", "x; rm -rf /")
+    assert cmd.returncode == 1 and "not a valid binary name" in cmd.stderr

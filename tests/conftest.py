@@ -1,0 +1,22 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture
+def write_cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Write a cluster.yaml from text and return its path."""
+
+    def write(text: str, name: str = "cluster.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write

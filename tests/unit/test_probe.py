@@ -1,0 +1,137 @@
+"""Probe script, parsing and the preflight policy (SPEC "preflight")."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fdl_tasks.probe import (
+    BuildEnvironment,
+    ProbeFacts,
+    ProbeRequest,
+    judge,
+    parse_facts,
+    report_lines,
+    unreachable,
+)
+
+BUILD = BuildEnvironment("x86_64", (2, 36))
+ABI = ProbeRequest("/data", True, abi=True)
+
+
+def run_locally(request: ProbeRequest) -> ProbeFacts | None:
+    done = subprocess.run(["sh", "-c", request.script()], capture_output=True, text=True)
+    assert done.returncode == 0
+    return parse_facts(done.stdout)
+
+
+def test_script_reports_this_machine(tmp_path: Path) -> None:
+    facts = run_locally(ProbeRequest(str(tmp_path), True, abi=True))
+    assert facts is not None
+    assert facts.data == "ok"
+    assert facts.uname_m == subprocess.check_output(["uname", "-m"], text=True).strip()
+    assert facts.glibc is not None and facts.glibc >= (2, 17)
+    assert facts.pkill is not None
+
+
+def test_script_quotes_the_data_path(tmp_path: Path) -> None:
+    hostile = tmp_path / "a dir; touch pwned $(id)"
+    hostile.mkdir()
+    facts = run_locally(ProbeRequest(str(hostile), True, abi=False))
+    assert facts is not None and facts.data == "ok"
+    assert not (Path.cwd() / "pwned").exists()
+    missing = run_locally(ProbeRequest(str(tmp_path / "nope"), True, abi=False))
+    assert missing is not None and missing.data == "missing"
+
+
+def test_parse_ignores_banners_and_needs_both_markers() -> None:
+    out = ProbeRequest("/d", False, False).script()  # for the markers only
+    begin, end = out.splitlines()[0].split()[1], out.splitlines()[-2].split()[1]
+    chatty = f"Welcome!\nkey=value\n{begin}\ndata=ok\nuname_m=aarch64\n{end}\n"
+    facts = parse_facts(chatty)
+    assert facts == ProbeFacts(data="ok", uname_m="aarch64")
+    assert parse_facts(f"{begin}\ndata=ok\n") is None
+
+
+@pytest.mark.parametrize(
+    ("facts", "declared", "status", "fragment"),
+    [
+        (ProbeFacts("ok", "x86_64", "ldd (GNU libc) 2.36", True), True, "ok", ""),
+        (
+            ProbeFacts("missing", "x86_64", "ldd (GNU libc) 2.36", True),
+            True,
+            "error",
+            "declared data_path /data is missing",
+        ),
+        (
+            ProbeFacts("missing", "x86_64", "ldd (GNU libc) 2.36", True),
+            False,
+            "warning",
+            "default data_path",
+        ),
+        (
+            ProbeFacts("unreadable", "x86_64", "ldd (GNU libc) 2.36", True),
+            False,
+            "error",
+            "not readable",
+        ),
+        (
+            ProbeFacts("ok", "aarch64", "ldd (GNU libc) 2.36", True),
+            True,
+            "error",
+            "aarch64 differs",
+        ),
+        (
+            ProbeFacts("ok", "x86_64", "musl libc (x86_64) Version 1.2.4", True),
+            True,
+            "error",
+            "musl",
+        ),
+        (
+            ProbeFacts("ok", "x86_64", "ldd (GNU libc) 2.36", False),
+            True,
+            "warning",
+            "pkill not found",
+        ),
+        (ProbeFacts("ok", None, "ldd (GNU libc) 2.36", True), True, "warning", "gave no answer"),
+        (
+            ProbeFacts("ok", "x86_64", "ldd (Ubuntu GLIBC 2.31-0ubuntu9) 2.31", True),
+            True,
+            "warning",
+            "glibc 2.31 is older",
+        ),
+        (ProbeFacts("ok", "x86_64", "ldd (GNU libc) 2.39", True), True, "ok", ""),
+        (ProbeFacts("ok", "x86_64", None, True), True, "warning", "libc not recognised"),
+        (None, True, "warning", "no usable answer"),
+    ],
+)
+def test_policy(facts: ProbeFacts | None, declared: bool, status: str, fragment: str) -> None:
+    verdict = judge("h", ProbeRequest("/data", declared, abi=True), facts, BUILD)
+    assert verdict.status == status
+    assert fragment in " ".join(verdict.errors + verdict.warnings)
+
+
+def test_abi_gate_only_when_prebuilding() -> None:
+    facts = ProbeFacts("ok", "aarch64", "musl libc", False)
+    assert judge("h", ProbeRequest("/d", True, abi=False), facts, BUILD).status == "ok"
+
+
+def test_several_problems_on_one_host_are_all_reported() -> None:
+    facts = ProbeFacts("unreadable", "aarch64", "musl libc (x86_64)", False)
+    verdict = judge("h", ABI, facts, BUILD)
+    assert len(verdict.errors) == 3 and len(verdict.warnings) == 1
+
+
+def test_unreachable_is_a_warning_and_report_summarises() -> None:
+    verdicts = [
+        judge("a", ABI, ProbeFacts("ok", "x86_64", "GNU libc 2.36", True), BUILD),
+        unreachable("b", ABI, "connection refused at 10.0.0.2:22"),
+        judge("c", ABI, ProbeFacts("missing", "aarch64", "GNU libc 2.36", True), BUILD),
+    ]
+    lines = report_lines(verdicts)
+    assert lines[0] == "  ok       a"
+    assert "warning  b: unreachable: connection refused" in lines[1]
+    assert sum("error    c:" in line for line in lines) == 2
+    assert lines[-1] == "preflight: 1 ok, 1 with warnings, 1 with errors (c)"
