@@ -196,8 +196,6 @@ class Builder:
     def _deliver(self, job: BuildJob, seconds: float) -> JobResult:
         """Place the binary at each host's own path (atomically) when the build was shared."""
         built = self.root / job.built_binary
-        if self.c.config.run.dry:
-            return JobResult(job, True, seconds)
         if not built.is_file():
             return JobResult(
                 job,

@@ -24,6 +24,7 @@ import paramiko
 from fabric.exceptions import GroupException
 from invoke.exceptions import CommandTimedOut
 
+from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Worker
 from fdl_tasks.settings import Settings
 
@@ -49,8 +50,13 @@ def split_option(option: str) -> tuple[str, str]:
 
 
 def ssh_config_block(worker: Worker) -> tuple[str, list[str]]:
-    """The worker's options as an ssh_config ``Host *`` block, and the keys we cannot honour."""
+    """The worker's options as an ssh_config ``Host *`` block, and the keys we cannot honour.
+
+    The identity file goes into the block too, so ProxyJump hops use it as well.
+    """
     lines, ignored = ["Host *"], []
+    if worker.ssh.identity_file:
+        lines.append(f"    identityfile {worker.ssh.identity_file}")
     for option in worker.ssh.options:
         key, value = split_option(option)
         if key in HONOURED_OPTIONS:
@@ -129,10 +135,12 @@ def describe_failure(exc: BaseException, settings: Settings, worker: Worker) -> 
         return Failure(f"connection refused at {where}")
     if isinstance(exc, TimeoutError | socket.timeout):
         return Failure(f"connection to {where} timed out after {settings.connect_timeout:g}s")
-    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
+    if isinstance(exc, paramiko.SSHException) and (
+        "banner" in str(exc) or "No existing session" in str(exc)
+    ):
         return Failure(
-            f"{where} accepted the connection but sent no SSH banner "
-            f"within {settings.connect_timeout:g}s"
+            f"{where} accepted the connection but no SSH session was established "
+            f"within {settings.connect_timeout:g}s (no SSH banner: hung host?)"
         )
     return Failure(f"{type(exc).__name__} at {where}: {exc}".strip())
 
@@ -172,7 +180,9 @@ class Fleet:
             "channel_timeout": self.settings.connect_timeout,
         }
         if worker.ssh.identity_file:
-            connect_kwargs["key_filename"] = [os.path.expanduser(worker.ssh.identity_file)]
+            identity = os.path.expanduser(worker.ssh.identity_file)
+            if not os.path.isfile(identity):
+                raise FdlError(f"{worker.host}: ssh.identity_file {identity} does not exist")
         connection = fabric.Connection(
             worker.ssh_target,
             user=worker.ssh.user,

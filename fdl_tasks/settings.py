@@ -30,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "verify": True,
     "verify_retries": 3,
     "verify_retry_delay": 1.0,
-    "envelope_file": "target/cluster/prebuild-envelope.json",
+    "envelope_file": "target/cluster/_envelope.json",
 }
 
 

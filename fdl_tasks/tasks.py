@@ -137,9 +137,7 @@ def _crate_dir(option: str | None, settings: Settings, cluster: Cluster, command
     return relative
 
 
-def _check_tools(c: Context, cluster: Cluster, jobs: list[BuildJob]) -> None:
-    if c.config.run.dry:
-        return
+def _check_tools(cluster: Cluster, jobs: list[BuildJob]) -> None:
     docker = cluster.controller.docker
     if docker is None:
         check_cargo()
@@ -151,7 +149,7 @@ def _summary(results: list[JobResult], cluster: Cluster) -> list[str]:
     rows = [("host", "arch", "build", "result", "seconds", "log")]
     for result in results:
         job = result.job
-        build = "own" if job.hosts == (job.name,) else f"shared ({len(job.hosts)} hosts)"
+        build = f"shared by {len(job.hosts)}" if len(job.hosts) > 1 else "own"
         for host in job.hosts:
             rows.append(
                 (
@@ -197,7 +195,7 @@ def build_host(
     command = check_command(cmd)
     crate = _crate_dir(crate_dir, settings, cluster, command)
     jobs = plan_builds([worker], cluster.controller.docker, command, crate, shared=False)
-    _check_tools(c, cluster, jobs)
+    _check_tools(cluster, jobs)
     builder = Builder(c, cluster, secrets.token_hex(4), settings.build_timeout, 1)
     result = builder.run_one(jobs[0])
     if not result.ok:
@@ -262,6 +260,11 @@ def prebuild(
         _report_preflight(verdicts, as_json=False)
         if no_prebuild:
             return
+        envelope_path = Path(cluster.controller.path, settings.envelope_file)
+        # Withdraw the previous envelope first: if this run fails, nothing may
+        # point a launcher at binaries that are now stale.
+        envelope_path.unlink(missing_ok=True)
+        os.environ.pop(ENV_PREBUILD_PER_HOST, None)
         _build(c, cluster, settings, remotes_plan, remotes)
         envelopes = {w.host: PerHostEnvelope.for_worker(w, command, crate) for w in remotes}
         if settings.verify:
@@ -274,7 +277,6 @@ def prebuild(
             say(f"verify: {len(envelopes)} host(s) see the same bytes, every library resolves")
     text = encode(envelopes)
     os.environ[ENV_PREBUILD_PER_HOST] = text
-    envelope_path = Path(cluster.controller.path, settings.envelope_file)
     write_atomically(envelope_path, text + "\n")
     say(
         f"prebuild: envelope for {len(remotes)} host(s) written to {envelope_path} and "
@@ -292,13 +294,17 @@ def _build(
     remotes: tuple[Worker, ...],
 ) -> None:
     """Run every build to its end; raise with every failure's diagnostic together."""
-    _check_tools(c, cluster, jobs)
     run_id = secrets.token_hex(4)
+    builder = Builder(c, cluster, run_id, settings.build_timeout, settings.jobs)
+    if c.config.run.dry:
+        for job in jobs:
+            say(f"[{job.name}] {builder.command(job)}")
+        return
+    _check_tools(cluster, jobs)
     say(
         f"prebuild: {len(jobs)} build(s) for {len(remotes)} remote host(s), "
         f"{settings.jobs} at a time"
     )
-    builder = Builder(c, cluster, run_id, settings.build_timeout, settings.jobs)
 
     def finished(result: JobResult) -> None:
         state = "ok" if result.ok else f"FAILED ({result.detail})"

@@ -115,6 +115,16 @@ while True:
     held.append(conn)
 """
 
+# Exec sshd as a "child subreaper" (prctl PR_SET_CHILD_SUBREAPER survives execve): sshd's
+# privsep monitor may exit before reaping its session child (non-root logins), and the
+# orphan would go to PID 1, which may not reap (it does not in some sandboxes); with this
+# it goes to the sshd listener, whose SIGCHLD handler reaps any child.
+_SUBREAPER_EXEC = (
+    "import ctypes, os, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
 # Listener processes started by *this* process, by state dir, so down() can reap them
 # (no zombie) even when another process already killed them and removed the pid files.
 _CHILDREN: dict[Path, list[subprocess.Popen[bytes]]] = {}
@@ -217,20 +227,20 @@ def _all_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def _descendants(root: int) -> dict[int, int]:
-    """Live descendants of ``root`` as {pid: ppid}."""
-    parent: dict[int, int] = {}
+def _descendants(root: int) -> dict[int, tuple[int, bool]]:
+    """Descendants of ``root``, zombies included, as {pid: (ppid, alive)}."""
+    parent: dict[int, tuple[int, bool]] = {}
     for pid in _all_pids():
         st = _proc_stat(pid)
-        if st is not None and st[0] not in ("Z", "X"):
-            parent[pid] = st[1]
-    found: dict[int, int] = {}
+        if st is not None:
+            parent[pid] = (st[1], st[0] not in ("Z", "X"))
+    found: dict[int, tuple[int, bool]] = {}
     frontier = [root]
     while frontier:
         cur = frontier.pop()
-        for pid, ppid in parent.items():
+        for pid, (ppid, alive) in parent.items():
             if ppid == cur and pid not in found:
-                found[pid] = ppid
+                found[pid] = (ppid, alive)
                 frontier.append(pid)
     return found
 
@@ -264,21 +274,26 @@ def _wait_gone(pids: Sequence[int], timeout: float, state_dir: Path) -> list[int
 
 
 def _kill_tree(root: int, state_dir: Path) -> None:
-    """Stop ``root``'s descendants leaves first (each parent reaps its children), then root."""
+    """Stop ``root``'s descendants leaves first, then root.
+
+    Only a process with no child at all (not even an unreaped zombie) is signalled, so
+    every parent is still alive to reap its children: nothing is left to PID 1.
+    """
     deadline = time.monotonic() + STOP_TIMEOUT
     signalled: set[int] = set()
     while time.monotonic() < deadline:
         desc = _descendants(root)
         if not desc:
             break
-        parents = set(desc.values())
-        for pid in desc:
-            if pid not in parents and pid not in signalled:
+        parents = {ppid for ppid, _ in desc.values()}
+        for pid, (_, alive) in desc.items():
+            if alive and pid not in parents and pid not in signalled:
                 _signal(pid, signal.SIGTERM)
                 signalled.add(pid)
         time.sleep(0.02)
-    for pid in _descendants(root):
-        _signal(pid, signal.SIGKILL)
+    for pid, (_, alive) in _descendants(root).items():
+        if alive:
+            _signal(pid, signal.SIGKILL)
     _signal(root, signal.SIGTERM)
     if _wait_gone([root], STOP_TIMEOUT, state_dir):
         _signal(root, signal.SIGKILL)
@@ -690,6 +705,8 @@ class Rig:
             "export PATH\n"
             f"{ENV_MARKER}={_sh_quote(str(hd))}\n"
             f"export {ENV_MARKER}\n"
+            "SHLVL=1\n"
+            "export SHLVL\n"
             'if [ -z "${SSH_ORIGINAL_COMMAND+set}" ]; then\n'
             '    exec "${SHELL:-/bin/sh}"\n'
             "fi\n"
@@ -726,6 +743,9 @@ class Rig:
                     "PrintLastLog no",
                     "X11Forwarding no",
                     "PermitUserEnvironment no",
+                    # bash skips ~/.bashrc when SHLVL says it is not the first shell under
+                    # sshd: the machine's own rc files must not run before the shims.
+                    "SetEnv SHLVL=1",
                     "MaxStartups 64:30:128",
                     "MaxSessions 32",
                     "LoginGraceTime 30",
@@ -818,7 +838,7 @@ class Rig:
                     f"{check.stderr.strip()}"
                 )
             log = hd / "sshd.log"
-            argv = [SSHD, "-D", "-f", config, "-E", str(log)]
+            argv = [sys.executable, "-c", _SUBREAPER_EXEC, SSHD, "-D", "-f", config, "-E", str(log)]
         else:
             log = hd / "hang.log"
             argv = [sys.executable, "-c", _HANG_SCRIPT, spec.address, str(spec.port), str(hd)]

@@ -69,9 +69,10 @@ def test_docker_command_is_quoted_and_complete() -> None:
     job = plan_builds(c.workers, c.controller.docker, "bench", "ddp-bench", False)[0]
     argv = shlex.split(docker_command(job, c.controller, c.controller.docker, "r1", "1000:1000"))
     assert argv[:3] == ["docker", "run", "--rm"]
-    assert argv[
-        argv.index("--label") : argv.index("--label") + 2
-    ] == ["--label", "fdl-tasks.run=r1"]
+    assert argv[argv.index("--label") : argv.index("--label") + 2] == [
+        "--label",
+        "fdl-tasks.run=r1",
+    ]
     assert "-v" in argv and "/srv/my proj:/workspace" in argv
     assert "/srv/my proj/libtorch/precompiled/cu128:/opt/libtorch:ro" in argv
     assert argv[argv.index("-w") + 1] == "/workspace/ddp-bench"

@@ -1,0 +1,52 @@
+"""The embedded demo rig that ``cluster.yaml`` at the repository root describes.
+
+``python3 -m rig.demo up`` makes the project tree (the fixture workspace and
+four stub libtorch variants) and starts three simulated workers, each a real
+sshd on its own loopback address; ``down`` stops them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from rig.project import make_project
+from rig.sshrig import HostSpec, Rig
+
+DEMO = Path("/var/tmp/fdl-demo")
+PROJECT = DEMO / "project"
+RIG = Rig(DEMO / "rig")
+HOSTS = (
+    HostSpec("node-blackwell", "127.0.0.2"),
+    HostSpec("node-pascal", "127.0.0.3"),
+    HostSpec("node-cpu", "127.0.0.4"),
+)
+VARIANTS = ("precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu", "precompiled/cu126")
+
+
+def up() -> None:
+    make_project(PROJECT, VARIANTS)
+    (PROJECT / "data").mkdir(exist_ok=True)
+    pascal_view = DEMO / "mnt" / "pascal"
+    pascal_view.parent.mkdir(parents=True, exist_ok=True)
+    if not pascal_view.is_symlink():
+        os.symlink(PROJECT, pascal_view)
+    (DEMO / "known_hosts").unlink(missing_ok=True)  # fresh host keys may come with a new rig
+    RIG.up(HOSTS)
+    print(f"demo rig up: {len(HOSTS)} workers, project at {PROJECT}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m rig.demo")
+    parser.add_argument("action", choices=["up", "down"])
+    if parser.parse_args().action == "up":
+        up()
+    else:
+        RIG.down()
+        print("demo rig down")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""Fixtures for tests against the ssh rig: real sshd per host, real ``inv`` runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rig.sshrig import HostSpec, Rig
+
+
+class RigCluster:
+    """A running rig plus the cluster.yaml files the tests write for it."""
+
+    def __init__(self, rig: Rig, root: Path, project: Path) -> None:
+        self.rig, self.root, self.project = rig, root, project
+        self.known_hosts = root / "known_hosts"
+
+    def worker(self, name: str, **fields: Any) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "host": name,
+            "path": str(self.project),
+            "data_path": str(self.rig.data_path(name)),
+            "ssh": self.rig.ssh_entry(name),
+        }
+        entry.update(fields)
+        return entry
+
+    def write(
+        self, workers: Sequence[dict[str, Any]], name: str = "cluster.yaml", **controller: Any
+    ) -> Path:
+        data = {
+            "controller": {"path": str(self.project), **controller},
+            "workers": list(workers),
+            "env": {"FDL_TEST": "1"},
+        }
+        path = self.root / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    def inv(
+        self, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """The real ``inv`` entry point, run in a directory with a plain tasks.py."""
+        environment = {
+            k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))
+        }
+        environment.update(
+            {
+                "FLODL_HOST_NAME": "ctrl",
+                "INVOKE_FDL_KNOWN_HOSTS": str(self.known_hosts),
+                "INVOKE_FDL_SSH_CONFIG": str(self.root / "no-ssh-config"),
+                **(env or {}),
+            }
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "invoke", *args],
+            cwd=self.root,
+            env=environment,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def start_rig(tmp: Path, hosts: Sequence[HostSpec]) -> Iterator[RigCluster]:
+    rig = Rig(tmp / "rig")
+    rig.up(hosts)
+    project = tmp / "project"
+    project.mkdir(exist_ok=True)
+    (tmp / "tasks.py").write_text("from fdl_tasks import ns\n")
+    try:
+        yield RigCluster(rig, tmp, project)
+    finally:
+        rig.down()
+
+
+@pytest.fixture(scope="session")
+def rig_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("rig")
