@@ -228,6 +228,7 @@ def prebuild(
     jobs: int | None = None,
     no_prebuild: bool = False,
     per_host: bool = False,
+    no_verify: bool = False,
     timeout: float | None = None,
     json: bool = False,
 ) -> None:
@@ -239,6 +240,7 @@ def prebuild(
         build_jobs=jobs,
         build_timeout=timeout,
         shared_builds=False if per_host else None,
+        verify=False if no_verify else None,
     )
     command = check_command(cmd)
     remotes = remote_workers(cluster, label)

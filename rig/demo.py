@@ -1,7 +1,7 @@
 """The embedded demo rig that ``cluster.yaml`` at the repository root describes.
 
 ``python3 -m rig.demo up`` makes the project tree (the fixture workspace and
-four stub libtorch variants) and starts three simulated workers, each a real
+four stub libtorch variants) and starts four simulated workers, each a real
 sshd on its own loopback address; ``down`` stops them.
 """
 
@@ -19,6 +19,7 @@ PROJECT = DEMO / "project"
 RIG = Rig(DEMO / "rig")
 HOSTS = (
     HostSpec("node-blackwell", "127.0.0.2"),
+    HostSpec("node-blackwell-2", "127.0.0.5"),
     HostSpec("node-pascal", "127.0.0.3"),
     HostSpec("node-cpu", "127.0.0.4"),
 )

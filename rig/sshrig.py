@@ -19,11 +19,15 @@ whose subsystem command goes through the same wrapper). The shims:
   faked.  musl prints the real musl loader banner *on stderr* and exits 1, exactly like
   musl's ``ldd``; a glibc version replaces the first line with ``ldd (GNU libc) X.Y``
   (stdout, exit 0).  ``ldd /some/binary`` always runs the real glibc ``ldd``.
-- ``getconf GNU_LIBC_VERSION`` follows the same simulated libc (``glibc X.Y``; an
-  "unrecognized variable" error, exit 1, on musl).
+- ``getconf GNU_LIBC_VERSION`` follows the same simulated libc (``glibc X.Y``; on musl an
+  "unknown variable" error on stderr, exit 1).
 - ``pkill=False``: ``PATH`` is ``<host_dir>/bin:<host_dir>/sysbin`` where ``sysbin`` holds
   symlinks to every system command except ``pkill``, so ``command -v pkill`` fails
   (``/usr/bin/pkill`` by absolute path still exists: it is the same machine).
+
+Remote commands run under the login user's shell (bash for root and ``fdlrig``) with
+``SHLVL=1`` set by sshd and the wrapper, so bash does not source ``~/.bashrc`` (which
+on this machine prepends pyenv/cargo dirs to ``PATH`` and would run before the shims).
 
 Limitations of the simulation: a command that starts a *login* shell (``bash -lc ...``)
 gets ``PATH`` reset by ``/etc/profile`` and sees the real machine; absolute paths
@@ -42,10 +46,13 @@ the shared authorized-keys file (pytest's ``/tmp/pytest-of-root`` is ``0700``).
 
 Process hygiene: ``down()`` stops each host's session processes (leaves first, so every
 parent reaps its children), then its sshd/hang listener, then any stray process whose
-environment carries this host's ``FDLRIG_HOST_DIR`` marker.  A listener started by the
-current process is reaped by it; one started by a process that has since exited is
-reparented to PID 1, and on a machine whose PID 1 does not reap (this sandbox's does not)
-it stays a ``<defunct>`` zombie after ``down()``; it is dead, not running.
+environment carries this host's ``FDLRIG_HOST_DIR`` marker, then any listener whose
+command line names this state dir but no pid file does.  sshd is exec'd as a child
+subreaper so that session children orphaned by sshd's privsep monitor are reaped by the
+listener rather than by PID 1.  A listener started by the current process is reaped by
+it; one started by a process that has since exited belongs to PID 1, and may show as
+``[sshd] <defunct>`` for a while after ``down()`` if PID 1 reaps lazily (this sandbox's
+does): it is dead, not running.
 """
 
 from __future__ import annotations
@@ -567,6 +574,7 @@ class Rig:
     def down(self) -> None:
         """Stop every process of the rig (safe twice, and from any process)."""
         if not self.state_dir.exists():
+            self._stop_unrecorded_listeners()
             return
         with self._locked():
             errors = []
@@ -575,12 +583,24 @@ class Rig:
                     self._stop(spec)
                 except RigError as exc:
                     errors.append(f"{spec.name}: {exc}")
+            self._stop_unrecorded_listeners()
             for proc in _CHILDREN.pop(self.state_dir, []):
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
             if errors:
                 raise RigError("down() left processes behind:\n" + "\n".join(errors))
+
+    def _stop_unrecorded_listeners(self) -> None:
+        """Listeners of this state dir that no pid file names (pid file or dir deleted)."""
+        needle = f"{self.state_dir / 'hosts'}/".encode()
+        for pid in _all_pids():
+            cmdline = _cmdline(pid)
+            ours = (
+                cmdline.startswith((b"sshd: ", SSHD.encode())) or _HANG_SCRIPT.encode() in cmdline
+            )
+            if ours and needle in cmdline and pid != os.getpid() and _alive(pid):
+                _kill_tree(pid, self.state_dir)
 
     def stop_host(self, name: str) -> None:
         """Stop that host's listener and sessions (the host "disappears")."""
@@ -765,7 +785,7 @@ class Rig:
             say = f"printf '%s\\n' {_sh_quote(spec.uname_m)}" if spec.uname_m else ":"
             shims["uname"] = (
                 head + 'if [ "$#" -eq 1 ] && { [ "$1" = -m ] || [ "$1" = --machine ]; }; then\n'
-                f"    {say}\n    exit 0\nfi\nexec {_real('uname')} \"$@\"\n"
+                f'    {say}\n    exit 0\nfi\nexec {_real("uname")} "$@"\n'
             )
             shims["arch"] = (
                 head + f'if [ "$#" -eq 0 ]; then\n    {say}\n    exit 0\nfi\n'

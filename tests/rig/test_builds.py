@@ -1,0 +1,232 @@
+"""``inv build-host`` / ``inv prebuild`` for real: docker and native cargo, on the rig.
+
+Each libtorch variant is a stub shared library compiled from C (rig/project.py);
+the fixture binary links it, prints the variant it loaded and whether it was
+built with the ``cuda`` feature, and cannot start without the right
+``LD_LIBRARY_PATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fdl_tasks.envelope import decode
+from rig.docker_builder import (
+    BUILDER_IMAGE,
+    RIG_TAGS,
+    ensure_builder_image,
+    ensure_dockerd,
+    toolchain_run_args,
+)
+from rig.project import break_variant, make_project
+from rig.sshrig import HostSpec
+from tests.rig.conftest import RigCluster, start_rig
+
+pytestmark = [pytest.mark.rig, pytest.mark.docker]
+
+VARIANTS = (
+    "precompiled/cu128",
+    "precompiled/cu126",
+    "builds/sm61-sm120",
+    "precompiled/cpu",
+    "precompiled/cu118",
+)
+HOSTS = [
+    HostSpec("blackwell", "127.0.0.50"),
+    HostSpec("ada", "127.0.0.51"),
+    HostSpec("pascal", "127.0.0.52"),
+    HostSpec("cpu-node", "127.0.0.53"),
+    HostSpec("twin", "127.0.0.54"),
+]
+ARCHS = {
+    "blackwell": "precompiled/cu128",
+    "ada": "precompiled/cu126",
+    "pascal": "builds/sm61-sm120",
+    "cpu-node": "precompiled/cpu",
+    "twin": "precompiled/cu128",
+}
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
+    ensure_dockerd()
+    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
+    for cluster in start_rig(tmp_path_factory.mktemp("builds"), HOSTS):
+        make_project(cluster.project, VARIANTS)
+        view = cluster.root / "mnt-pascal"  # pascal sees the share at another path
+        view.symlink_to(cluster.project)
+        yield cluster
+
+
+def docker_settings() -> dict[str, Any]:
+    return {
+        "image": f"{BUILDER_IMAGE}:{{cuda_tag}}",
+        "cuda_version": "12.8",
+        "run_args": toolchain_run_args(),
+    }
+
+
+def workers(rig: RigCluster, archs: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    archs = archs or ARCHS
+    entries = [
+        {
+            "host": "ctrl",
+            "path": str(rig.project),
+            "arch": "precompiled/cu128",
+            "data_path": str(rig.project),
+        }
+    ]
+    for name, arch in archs.items():
+        entry = rig.worker(name, arch=arch)
+        if name == "pascal":
+            entry["path"] = str(rig.root / "mnt-pascal")
+        entries.append(entry)
+    return entries
+
+
+def run_on_host(rig: RigCluster, host: str, worker_path: str, entry: Any) -> str:
+    """What the launcher does, by hand, over the host's own sshd."""
+    command = (
+        f"cd {shlex.quote(worker_path + '/' + entry.cwd_subpath)} && "
+        f"LD_LIBRARY_PATH={shlex.quote(entry.ld_library_path)} "
+        f"{shlex.quote(worker_path + '/' + entry.bin)}"
+    )
+    done = subprocess.run(
+        rig.rig.ssh_argv(host, command), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()[0]
+
+
+def assert_runs_everywhere(rig: RigCluster, stdout: str, archs: dict[str, str]) -> None:
+    envelope_file = rig.project / "target/cluster/_envelope.json"
+    assert envelope_file.read_text() == stdout  # --json prints exactly the published text
+    envelopes = decode(stdout, "stdout")
+    assert sorted(envelopes) == sorted(archs)  # never the controller
+    for host, arch in archs.items():
+        entry = envelopes[host]
+        path = str(rig.root / "mnt-pascal") if host == "pascal" else str(rig.project)
+        assert entry.ld_library_path == f"{path}/libtorch/{arch}/lib"
+        assert entry.cwd_subpath == "ddp-bench"
+        cuda = "off" if arch.endswith("cpu") else "on"
+        assert run_on_host(rig, host, path, entry) == f"ddp-bench variant={arch} cuda={cuda}"
+    assert not (rig.project / "target/cluster/ctrl").exists()
+
+
+def test_prebuild_in_docker(rig: RigCluster) -> None:
+    path = rig.write(workers(rig), "docker.yaml", docker=docker_settings())
+    done = rig.inv("prebuild", "--cmd", "ddp-bench", "--json", "--cluster-file", str(path))
+    assert done.returncode == 0, done.stderr
+    assert_runs_everywhere(rig, done.stdout.strip() + "\n", ARCHS)
+    # blackwell and twin share one build: 4 distinct builds for 5 hosts.
+    assert done.stderr.count("Compiling ddp-bench") == 4
+    assert "blackwell  precompiled/cu128  shared by 2" in done.stderr
+    # The controller's own user owns what the container wrote (root here).
+    binary = rig.project / "target/cluster/blackwell/precompiled-cu128/release/ddp-bench"
+    assert binary.stat().st_uid == 0
+    assert docker_ps_all() == []  # --rm: no container left behind
+
+
+def test_prebuild_native_one_build_per_host(rig: RigCluster) -> None:
+    path = rig.write(workers(rig), "native.yaml")
+    done = rig.inv(
+        "prebuild", "--cmd", "ddp-bench", "--json", "--per-host", "--cluster-file", str(path)
+    )
+    assert done.returncode == 0, done.stderr
+    assert_runs_everywhere(rig, done.stdout.strip() + "\n", ARCHS)
+    for host, arch in ARCHS.items():  # one target dir, one log per host
+        assert (
+            rig.project / "target/cluster" / host / arch.replace("/", "-") / "build.log"
+        ).is_file()
+
+
+def test_arch_change_builds_fresh_in_a_new_dir(rig: RigCluster) -> None:
+    archs = {"blackwell": "precompiled/cu128"}
+    path = rig.write(workers(rig, archs), "swap.yaml")
+    assert (
+        rig.inv(
+            "prebuild", "--cmd", "ddp-bench", "--per-host", "--cluster-file", str(path)
+        ).returncode
+        == 0
+    )
+    old = rig.project / "target/cluster/blackwell/precompiled-cu128/release/ddp-bench"
+    old_bytes = old.read_bytes()
+    swapped = {"blackwell": "precompiled/cu126"}
+    path = rig.write(workers(rig, swapped), "swap.yaml")
+    done = rig.inv(
+        "prebuild", "--cmd", "ddp-bench", "--per-host", "--json", "--cluster-file", str(path)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Compiling ddp-bench" in done.stderr  # a fresh build, not a cache hit
+    assert_runs_everywhere(rig, done.stdout.strip() + "\n", swapped)
+    assert old.read_bytes() == old_bytes  # the old variant's dir is left alone
+
+
+def test_broken_hosts_fail_together_and_others_finish(rig: RigCluster) -> None:
+    broken_lib = rig.project / "libtorch/precompiled/cu118"
+    break_variant(rig.project, "precompiled/cu118")  # no lib/: refused before cargo
+    bad_build = rig.project / "libtorch/builds/bad/lib"
+    bad_build.mkdir(parents=True, exist_ok=True)  # lib/ without libtorch.so: cargo fails
+    archs = {
+        "blackwell": "precompiled/cu128",
+        "ada": "precompiled/cu118",
+        "pascal": "builds/bad",
+        "cpu-node": "precompiled/cpu",
+    }
+    path = rig.write(workers(rig, archs), "broken.yaml")
+    done = rig.inv("prebuild", "--cmd", "ddp-bench", "--per-host", "--cluster-file", str(path))
+    assert done.returncode == 1
+    assert "2 of 4 build(s) failed; no envelope was published" in done.stderr
+    assert f"libtorch not found: {broken_lib}/lib is not a directory" in done.stderr
+    assert "build pascal for pascal failed: cargo exited 101" in done.stderr
+    assert "has no lib/" in done.stderr or "libtorch.so does not exist" in done.stderr
+    assert "prebuild: blackwell ok" in done.stderr and "prebuild: cpu-node ok" in done.stderr
+    assert not (rig.project / "target/cluster/_envelope.json").exists()
+    assert "Traceback" not in done.stderr
+
+
+def test_build_host_prints_its_entry(rig: RigCluster) -> None:
+    path = rig.write(workers(rig), "one.yaml", docker=docker_settings())
+    done = rig.inv(
+        "build-host",
+        "--host",
+        "pascal",
+        "--cmd",
+        "ddp-bench",
+        "--json",
+        "--cluster-file",
+        str(path),
+    )
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(done.stdout)["pascal"]
+    assert entry["bin"] == "target/cluster/pascal/builds-sm61-sm120/release/ddp-bench"
+    assert entry["ld_library_path"] == f"{rig.root}/mnt-pascal/libtorch/builds/sm61-sm120/lib"
+    itself = rig.inv(
+        "build-host", "--host", "ctrl", "--cmd", "ddp-bench", "--cluster-file", str(path)
+    )
+    assert itself.returncode == 1 and "is the controller" in itself.stderr
+
+
+def test_missing_image_fails_before_any_build(rig: RigCluster) -> None:
+    settings = {**docker_settings(), "image": "fdl-no-such-image:{cuda_tag}"}
+    path = rig.write(workers(rig), "noimage.yaml", docker=settings)
+    done = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
+    assert done.returncode == 1
+    assert "Docker image(s) not found on this machine: fdl-no-such-image:12.6" in done.stderr
+    assert "Compiling" not in done.stderr
+
+
+def docker_ps_all() -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-a", "-q", "--filter", "label=fdl-tasks.run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.split()
