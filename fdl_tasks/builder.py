@@ -1,21 +1,26 @@
 """Run build jobs on the controller: docker or native cargo, in parallel, to completion.
 
-Builds are ``c.run`` calls, so ``inv --dry`` prints them and runs nothing.
 No early abort: a cargo cancelled mid-crate leaves a half-baked target dir,
-so every job runs to its end and every failure is collected.
+so every job runs to its end and every failure is collected. Only the user
+stops a run (Ctrl-C, SIGTERM): then every build container of the run and
+every native cargo process group is stopped, and the interrupt propagates.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TextIO
+from types import FrameType
+from typing import Any, Protocol, TextIO
 
 import attrs
 from invoke.context import Context
@@ -23,10 +28,24 @@ from invoke.exceptions import CommandTimedOut
 
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Cluster, DockerSettings
-from fdl_tasks.plan import RUN_LABEL, BuildJob, docker_command, native_command
+from fdl_tasks.plan import (
+    JOB_LABEL,
+    RUN_LABEL,
+    BuildJob,
+    docker_command,
+    native_command,
+)
 from fdl_tasks.rules import join_path, libtorch_dir
 
 LOG_TAIL_LINES = 25
+
+
+class TextSink(Protocol):
+    """Anything build output can be written to: a file, a terminal, the status board."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 @attrs.frozen
@@ -41,12 +60,80 @@ class JobResult:
     log_tail: str = ""
 
 
+class StatusBoard:
+    """Where build output goes: plain lines, plus a live status line on a terminal.
+
+    On a TTY the last line shows what is running (with elapsed time), done and
+    failed, redrawn every half second; elsewhere (CI logs) only plain lines.
+    """
+
+    def __init__(self, stream: TextIO = sys.stderr, live: bool | None = None) -> None:
+        self.stream = stream
+        self.live = stream.isatty() if live is None else live
+        self.lock = threading.Lock()
+        self.running: dict[str, float] = {}
+        self.done = self.failed = 0
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self.stream.write(("\r\033[K" if self.live else "") + text)
+            self._draw()
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def started(self, name: str) -> None:
+        with self.lock:
+            self.running[name] = time.monotonic()
+        if not self.live:
+            self.write(f"prebuild: {name} started\n")
+
+    def finished(self, result: JobResult) -> None:
+        with self.lock:
+            self.running.pop(result.job.name, None)
+            if result.ok:
+                self.done += 1
+            else:
+                self.failed += 1
+        state = "ok" if result.ok else f"FAILED ({result.detail})"
+        self.write(f"prebuild: {result.job.name} {state} in {result.seconds:.1f}s\n")
+
+    def _draw(self) -> None:
+        if not self.live:
+            return
+        now = time.monotonic()
+        running = ", ".join(f"{n} {now - t:.0f}s" for n, t in self.running.items())
+        self.stream.write(
+            f"\r\033[K[running: {running or '-'} | done {self.done} | failed {self.failed}]"
+        )
+        self.stream.flush()
+
+    def __enter__(self) -> StatusBoard:
+        if self.live:
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
+        return self
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            with self.lock:
+                self._draw()
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self.live:
+            with self.lock:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+
+
 class PrefixedLines:
     """A stream for ``c.run``: text to the log file if any, ``[name] line`` to ``echo``."""
 
-    _echo_lock = threading.Lock()
-
-    def __init__(self, name: str, log: TextIO | None, echo: TextIO) -> None:
+    def __init__(self, name: str, log: TextSink | None, echo: TextSink) -> None:
         self.name, self.log, self.echo, self._pending = name, log, echo, ""
 
     def write(self, text: str) -> int:
@@ -55,8 +142,7 @@ class PrefixedLines:
         lines = (self._pending + text).split("\n")
         self._pending = lines.pop()
         if lines:
-            with self._echo_lock:
-                self.echo.write("".join(f"[{self.name}] {line}\n" for line in lines))
+            self.echo.write("".join(f"[{self.name}] {line}\n" for line in lines))
         return len(text)
 
     def flush(self) -> None:
@@ -69,12 +155,18 @@ class PrefixedLines:
             self.write("\n")
 
 
+def _docker_client() -> Any:
+    import docker as docker_sdk
+
+    return docker_sdk.from_env(version="auto", timeout=10)
+
+
 def check_docker(docker: DockerSettings, images: Iterable[str]) -> None:
     """Before any build: the daemon answers and every image exists locally."""
     import docker as docker_sdk
 
     try:
-        client = docker_sdk.from_env(version="auto", timeout=10)
+        client = _docker_client()
         client.ping()
     except docker_sdk.errors.DockerException as exc:
         raise FdlError(
@@ -103,13 +195,14 @@ def check_cargo() -> None:
         )
 
 
-def stop_containers(run_id: str) -> int:
-    """Stop and remove every build container this run started; returns how many."""
+def remove_containers(run_id: str, job: BuildJob | None = None) -> int:
+    """Remove this run's build containers (or one job's); returns how many."""
     import docker as docker_sdk
 
+    labels = [f"{RUN_LABEL}={run_id}"] + ([f"{JOB_LABEL}={job.name}"] if job else [])
     try:
-        client = docker_sdk.from_env(version="auto", timeout=10)
-        found = client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})
+        client = _docker_client()
+        found = client.containers.list(all=True, filters={"label": labels})
         for container in found:
             container.remove(force=True)
         client.close()
@@ -123,8 +216,44 @@ def container_user() -> str | None:
     return None if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops a prebuild exactly like Ctrl-C does."""
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def project_lock(path: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """One prebuild per project tree at a time; a second one waits its turn, saying so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            say(
+                f"prebuild: waiting for the prebuild already running on this project "
+                f"({holder}) to finish"
+            )
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}\n")
+        lock.flush()
+        yield
+
+
 class Builder:
-    """Runs one prebuild's jobs and collects every result."""
+    """Runs one prebuild's jobs, collects every result, and can stop them all."""
 
     def __init__(
         self,
@@ -133,11 +262,13 @@ class Builder:
         run_id: str,
         timeout: float,
         jobs: int,
-        echo: TextIO = sys.stderr,
+        board: StatusBoard,
     ) -> None:
         self.c, self.cluster, self.run_id = c, cluster, run_id
-        self.timeout, self.jobs, self.echo = timeout, jobs, echo
+        self.timeout, self.jobs, self.board = timeout, jobs, board
         self.root = Path(cluster.controller.path)
+        self._processes: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def command(self, job: BuildJob) -> str:
         docker = self.cluster.controller.docker
@@ -145,45 +276,78 @@ class Builder:
             return native_command(job, self.cluster.controller)
         return docker_command(job, self.cluster.controller, docker, self.run_id, container_user())
 
-    def run_all(
-        self, jobs: Sequence[BuildJob], on_done: Callable[[JobResult], None]
-    ) -> list[JobResult]:
-        with ThreadPoolExecutor(max_workers=max(1, min(self.jobs, len(jobs)))) as pool:
-            futures = [pool.submit(self.run_one, job) for job in jobs]
-            results = []
-            for future in futures:
-                result = future.result()
-                on_done(result)
-                results.append(result)
+    def run_all(self, jobs: Sequence[BuildJob]) -> list[JobResult]:
+        """Every job to its end; on an interrupt, stop them all and re-raise."""
+        pool = ThreadPoolExecutor(max_workers=max(1, min(self.jobs, len(jobs))))
+        try:
+            with sigterm_as_interrupt():
+                futures = [pool.submit(self.run_one, job) for job in jobs]
+                results = [future.result() for future in futures]
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            self.stop()
+            raise
+        pool.shutdown()
         return results
+
+    def stop(self) -> int:
+        """Stop every build this run started; returns how many were stopped."""
+        with self._lock:
+            groups = list(self._processes.values())
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGTERM)
+        containers = remove_containers(self.run_id) if self.cluster.controller.docker else 0
+        return max(len(groups), containers)
 
     def run_one(self, job: BuildJob) -> JobResult:
         started = time.monotonic()
         lib = Path(libtorch_dir(str(self.root), job.spec.arch)) / "lib"
         if not lib.is_dir():
-            return JobResult(job, False, 0.0, f"libtorch not found: {lib} is not a directory")
+            result = JobResult(job, False, 0.0, f"libtorch not found: {lib} is not a directory")
+            self.board.finished(result)
+            return result
+        self.board.started(job.name)
+        try:
+            result = self._build(job, started)
+        except OSError as exc:
+            result = JobResult(
+                job,
+                False,
+                time.monotonic() - started,
+                f"cannot write under {self.root / job.target_dir}: {exc}",
+            )
+        self.board.finished(result)
+        return result
+
+    def _build(self, job: BuildJob, started: float) -> JobResult:
         log_path = self.root / job.log_file
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("w", encoding="utf-8") as log:
-            stream = PrefixedLines(job.name, log, self.echo)
+            stream = PrefixedLines(job.name, log, self.board)
+            promise: Any = self.c.run(
+                self.command(job),
+                asynchronous=True,
+                warn=True,
+                hide=False,
+                pty=False,
+                out_stream=stream,
+                err_stream=stream,
+                timeout=self.timeout,
+            )
+            with self._lock:
+                self._processes[job.name] = promise.runner.process.pid
             try:
-                result: Any = self.c.run(
-                    self.command(job),
-                    warn=True,
-                    hide=False,
-                    pty=False,
-                    in_stream=False,
-                    out_stream=stream,
-                    err_stream=stream,
-                    timeout=self.timeout,
-                )
-                exit_code, timed_out = result.exited, False
+                exit_code: int | None = promise.join().exited
             except CommandTimedOut:
-                exit_code, timed_out = None, True
+                exit_code = None
+                self._stop_job(job, promise.runner.process.pid)
+            finally:
+                with self._lock:
+                    self._processes.pop(job.name, None)
             stream.close_line()
         seconds = time.monotonic() - started
-        if timed_out:
-            stop_containers(self.run_id) if self.cluster.controller.docker else None
+        if exit_code is None:
             return JobResult(
                 job, False, seconds, f"timed out after {self.timeout:g}s", None, _tail(log_path)
             )
@@ -192,6 +356,13 @@ class Builder:
                 job, False, seconds, f"cargo exited {exit_code}", exit_code, _tail(log_path)
             )
         return self._deliver(job, seconds)
+
+    def _stop_job(self, job: BuildJob, group: int) -> None:
+        """A timed-out build: its container, or its whole cargo process group."""
+        if self.cluster.controller.docker:
+            remove_containers(self.run_id, job)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
 
     def _deliver(self, job: BuildJob, seconds: float) -> JobResult:
         """Place the binary at each host's own path (atomically) when the build was shared."""
@@ -242,7 +413,10 @@ def failure_report(result: JobResult, cluster: Cluster) -> str:
 
 def write_atomically(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never a half-written one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    except OSError as exc:
+        raise FdlError(f"cannot write {path}: {exc}") from None

@@ -30,6 +30,8 @@ from fdl_tasks.rules import (
 
 #: Labels every build container of a run, so a run can find and stop its own.
 RUN_LABEL = "fdl-tasks.run"
+#: Names the job a build container belongs to (to stop one timed-out build).
+JOB_LABEL = "fdl-tasks.job"
 #: Shared build trees live here; host labels cannot start with ``_``.
 SHARED_DIR = f"{CLUSTER_TARGET}/_shared"
 
@@ -152,7 +154,7 @@ def docker_command(
         "--label",
         f"{RUN_LABEL}={run_id}",
         "--label",
-        f"fdl-tasks.job={job.name}",
+        f"{JOB_LABEL}={job.name}",
     ]
     if user:
         argv += ["--user", user]
@@ -175,10 +177,16 @@ def docker_command(
 
 
 def native_command(job: BuildJob, controller: Controller) -> str:
-    """The same cargo build on the controller itself (``exec`` so signals reach cargo)."""
+    """The same cargo build on the controller, in its own session (``exec setsid``).
+
+    Its process id is then its process group, so a timeout or an interrupt
+    can stop cargo together with every rustc it started.
+    """
     crate = join_path(controller.path, job.spec.crate_dir)
     env = [
         f"LIBTORCH_PATH={libtorch_dir(controller.path, job.spec.arch)}",
         f"CARGO_TARGET_DIR={join_path(controller.path, job.target_dir)}",
     ]
-    return f"cd {shlex.quote(crate)} && exec " + shlex.join(["env", *env, *cargo_argv(job.spec)])
+    return f"cd {shlex.quote(crate)} && exec " + shlex.join(
+        ["setsid", "env", *env, *cargo_argv(job.spec)]
+    )

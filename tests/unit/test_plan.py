@@ -98,7 +98,8 @@ def test_native_command() -> None:
     job = plan_builds(c.workers, None, "bench", "", False)[0]
     command = native_command(job, c.controller)
     assert command == (
-        "cd '/srv/my proj' && exec env 'LIBTORCH_PATH=/srv/my proj/libtorch/precompiled/cpu' "
+        "cd '/srv/my proj' && exec setsid env "
+        "'LIBTORCH_PATH=/srv/my proj/libtorch/precompiled/cpu' "
         "'CARGO_TARGET_DIR=/srv/my proj/target/cluster/a/precompiled-cpu' "
         "cargo build --release --bin bench"
     )
