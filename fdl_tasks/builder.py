@@ -233,8 +233,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
 @contextlib.contextmanager
 def project_lock(path: Path, say: Callable[[str], None]) -> Iterator[None]:
     """One prebuild per project tree at a time; a second one waits its turn, saying so."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as lock:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = path.open("a+")
+    except OSError as exc:
+        raise FdlError(f"the target tree is not writable: cannot create {path} ({exc})") from None
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -28,7 +28,7 @@ from fdl_tasks.delivery import verify_delivery
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, encode
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Cluster, Worker
-from fdl_tasks.plan import BuildJob, plan_builds
+from fdl_tasks.plan import RUN_LABEL, BuildJob, plan_builds
 from fdl_tasks.preflight import dry_run_lines, run_preflight
 from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
@@ -105,7 +105,10 @@ def run_builds(
                 say(f"[{job.name}] {builder.command(job)}")
             return []
         check_tools(cluster, jobs)
-        say(f"prebuild: {len(jobs)} build(s), {min(settings.jobs, len(jobs))} at a time")
+        say(
+            f"prebuild: {len(jobs)} build(s), {min(settings.jobs, len(jobs))} at a time "
+            f"(run {run_id}: containers labelled {RUN_LABEL}={run_id})"
+        )
         try:
             results = builder.run_all(jobs)
         except KeyboardInterrupt:

@@ -1,0 +1,335 @@
+"""Stopping a prebuild and surviving faults, each on the rig with real processes.
+
+Builds are made to last (the fixture's build.rs sleeps for
+``FDL_FIXTURE_BUILD_SLEEP`` seconds) so that there is a build in flight to
+interrupt, kill or race against.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from fdl_tasks.envelope import decode
+from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
+from rig.project import make_project
+from rig.sshrig import HostSpec
+from tests.rig.conftest import RigCluster, start_rig
+from tests.rig.test_builds import docker_settings
+
+pytestmark = [pytest.mark.rig, pytest.mark.docker]
+
+HOSTS = [
+    HostSpec("alpha", "127.0.0.70"),
+    HostSpec("beta", "127.0.0.71"),
+    HostSpec("gamma", "127.0.0.72"),
+]
+VARIANTS = ("precompiled/cu128", "precompiled/cu126", "precompiled/cpu")
+ENVELOPE = "target/cluster/_envelope.json"
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
+    ensure_dockerd()
+    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
+    for cluster in start_rig(tmp_path_factory.mktemp("faults"), HOSTS):
+        make_project(cluster.project, VARIANTS)
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def fresh_targets(rig: RigCluster) -> Iterator[None]:
+    subprocess.run(["rm", "-rf", str(rig.project / "target")], check=True)
+    for host in HOSTS:
+        rig.rig.start_host(host.name)
+    yield
+    for run in Running.started:  # a failed test must not leave a prebuild running
+        if run.process.poll() is None:
+            run.process.send_signal(signal.SIGINT)
+            run.finish()
+    Running.started.clear()
+
+
+def cluster(rig: RigCluster, name: str, docker: bool, sleep: float = 0) -> Path:
+    archs = dict(zip([h.name for h in HOSTS], VARIANTS, strict=True))
+    workers = [rig.worker(h, arch=a) for h, a in archs.items()]
+    controller: dict[str, Any] = {}
+    if docker:
+        settings = docker_settings()
+        settings["env"] = {"FDL_FIXTURE_BUILD_SLEEP": str(sleep)}
+        controller["docker"] = settings
+    return rig.write(workers, name, **controller)
+
+
+class Running:
+    """A real ``inv`` in the background whose stderr is collected as it comes."""
+
+    started: ClassVar[list[Running]] = []
+
+    def __init__(self, rig: RigCluster, *args: str, env: dict[str, str]) -> None:
+        environment = {
+            k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))
+        }
+        environment.update(
+            {
+                "FLODL_HOST_NAME": "ctrl",
+                "INVOKE_FDL_KNOWN_HOSTS": str(rig.known_hosts),
+                "INVOKE_FDL_SSH_CONFIG": str(rig.root / "none"),
+                **env,
+            }
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "invoke", *args],
+            cwd=rig.root,
+            env=environment,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.stderr = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        Running.started.append(self)
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.stderr += line
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert self.process.poll() is None, self.stderr
+            assert time.monotonic() < deadline, self.stderr
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = 120) -> int:
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+
+def run_containers(run: Running, running: bool = False) -> list[str]:
+    """The containers of that run (other runs may share the daemon)."""
+    match = re.search(r"\(run ([0-9a-f]+):", run.stderr)
+    if match is None:
+        return []
+    out = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-q",
+            *([] if running else ["-a"]),
+            "--filter",
+            f"label=fdl-tasks.run={match.group(1)}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.split()
+
+
+def build_processes() -> list[str]:
+    out = subprocess.run(
+        ["pgrep", "-af", "build-script-build|cargo build --release"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def test_sigint_stops_every_build_container(rig: RigCluster) -> None:
+    path = cluster(rig, "int.yaml", docker=True, sleep=60)
+    run = Running(rig, "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env={})
+    run.wait_for(lambda: len(run_containers(run, running=True)) >= 2)
+    run.process.send_signal(signal.SIGINT)
+    assert run.finish() != 0
+    assert "interrupted: every build of this run was stopped" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert run_containers(run) == []
+    assert not (rig.project / ENVELOPE).exists()
+
+
+def test_sigterm_stops_native_cargo_and_its_children(rig: RigCluster) -> None:
+    path = cluster(rig, "term.yaml", docker=False)
+    run = Running(
+        rig,
+        "prebuild",
+        "--cmd",
+        "ddp-bench",
+        "--cluster-file",
+        str(path),
+        env={"FDL_FIXTURE_BUILD_SLEEP": "60"},
+    )
+    run.wait_for(lambda: len(build_processes()) >= 2)
+    run.process.send_signal(signal.SIGTERM)
+    assert run.finish() != 0
+    assert "interrupted" in run.stderr
+    deadline = time.monotonic() + 10
+    while build_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert build_processes() == []
+    assert not (rig.project / ENVELOPE).exists()
+
+
+def test_container_killed_from_outside_fails_that_build_only(rig: RigCluster) -> None:
+    path = cluster(rig, "kill.yaml", docker=True, sleep=6)
+    run = Running(
+        rig,
+        "prebuild",
+        "--cmd",
+        "ddp-bench",
+        "--jobs",
+        "3",
+        "--per-host",
+        "--cluster-file",
+        str(path),
+        env={},
+    )
+    run.wait_for(lambda: len(run_containers(run, running=True)) >= 3)
+    run_id = re.search(r"\(run ([0-9a-f]+):", run.stderr)
+    assert run_id is not None
+    victim = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-q",
+            "--filter",
+            "label=fdl-tasks.job=beta",
+            "--filter",
+            f"label=fdl-tasks.run={run_id.group(1)}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert victim, run.stderr
+    subprocess.run(["docker", "kill", victim[0]], check=True, capture_output=True)
+    assert run.finish() == 1
+    assert "1 of 3 build(s) failed" in run.stderr
+    assert "cargo exited 137" in run.stderr
+    assert "build beta for beta failed" in run.stderr
+    assert "prebuild: alpha ok" in run.stderr and "prebuild: gamma ok" in run.stderr
+    assert run_containers(run) == []
+    assert not (rig.project / ENVELOPE).exists()
+
+
+def test_docker_daemon_unreachable_fails_before_any_build(rig: RigCluster) -> None:
+    path = cluster(rig, "nodaemon.yaml", docker=True)
+    done = rig.inv(
+        "prebuild",
+        "--cmd",
+        "ddp-bench",
+        "--cluster-file",
+        str(path),
+        env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+    )
+    assert done.returncode == 1
+    assert "the Docker daemon does not answer" in done.stderr
+    assert "build(s)" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_target_tree_not_writable(rig: RigCluster) -> None:
+    (rig.project / "target").mkdir()
+    (rig.project / "target/cluster").write_text("a file where the tree should be")
+    done = rig.inv(
+        "prebuild",
+        "--cmd",
+        "ddp-bench",
+        "--cluster-file",
+        str(cluster(rig, "ro.yaml", docker=False)),
+    )
+    assert done.returncode == 1
+    assert "the target tree is not writable" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_two_prebuilds_at_once_both_finish(rig: RigCluster) -> None:
+    path = cluster(rig, "twice.yaml", docker=False)
+    env = {"FDL_FIXTURE_BUILD_SLEEP": "3"}
+    first = Running(rig, "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
+    first.wait_for(lambda: "build(s)" in first.stderr)
+    second = Running(rig, "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
+    assert first.finish() == 0, first.stderr
+    assert second.finish() == 0, second.stderr
+    assert "waiting for the prebuild already running on this project" in second.stderr
+    envelopes = decode((rig.project / ENVELOPE).read_text(), "envelope")
+    assert sorted(envelopes) == ["alpha", "beta", "gamma"]
+
+
+def test_host_disappearing_before_verification_is_a_warning(rig: RigCluster) -> None:
+    path = cluster(rig, "vanish.yaml", docker=False)
+    run = Running(
+        rig,
+        "prebuild",
+        "--cmd",
+        "ddp-bench",
+        "--cluster-file",
+        str(path),
+        env={"FDL_FIXTURE_BUILD_SLEEP": "3"},
+    )
+    run.wait_for(lambda: "build(s)" in run.stderr)
+    rig.rig.stop_host("beta")
+    assert run.finish() == 0, run.stderr
+    assert "verify: beta not verified:" in run.stderr
+    assert "verify: 3 host(s)" in run.stderr or "see the same bytes" in run.stderr
+
+
+def kill_sshd(config: Path) -> None:
+    """SIGKILL a host's sshd and its per-connection sshd processes, nothing else.
+
+    The session's shell is left orphaned, as when sshd crashes: the client
+    only sees its connection drop.
+    """
+    listener = subprocess.run(
+        ["pgrep", "-f", f"sshd -D -f {config}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    victims, frontier = set(listener), list(listener)
+    while frontier:
+        children = subprocess.run(
+            ["pgrep", "-P", frontier.pop(), "-x", "sshd"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        victims.update(children)
+        frontier += children
+    for pid in victims:
+        os.kill(int(pid), signal.SIGKILL)
+
+
+def test_sshd_killed_mid_probe_is_a_warning(rig: RigCluster) -> None:
+    slow = rig.rig.host_dir("gamma") / "bin" / "uname"
+    original = slow.read_text() if slow.exists() else None
+    slow.write_text('#!/bin/sh\nsleep 30\nexec /bin/uname "$@"\n')
+    slow.chmod(0o755)
+    try:
+        path = cluster(rig, "midprobe.yaml", docker=False)
+        run = Running(
+            rig, "preflight", "--cluster-file", str(path), env={"INVOKE_FDL_PROBE_TIMEOUT": "20"}
+        )
+        time.sleep(2)
+        started = time.monotonic()
+        kill_sshd(rig.rig.host_dir("gamma") / "sshd_config")
+        assert run.finish() == 0, run.stderr
+        assert time.monotonic() - started < 15
+        assert "warning  gamma:" in run.stderr
+        assert "ok       alpha" in run.stderr and "Traceback" not in run.stderr
+    finally:
+        if original is None:
+            slow.unlink()
+        else:
+            slow.write_text(original)
+        rig.rig.stop_host("gamma")  # reaps the orphaned session processes too
