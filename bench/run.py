@@ -145,7 +145,7 @@ class Run:
             ("lock + tool checks", self.at(r"^prebuild: \d+ build\(s\)")),
             ("builds", self.at(r"^prebuild: \S+ (ok|FAILED)", last=True)),
             ("verification", self.at(r"^verify: ")),
-            ("publish + exit", self.seconds),
+            ("envelope + exit", self.seconds),
         ]
         phases: dict[str, float] = {}
         previous = 0.0
