@@ -44,10 +44,8 @@ class RigCluster:
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 
-    def inv(
-        self, *args: str, timeout: float = 300, env: dict[str, str] | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """The real ``inv`` entry point, run in a directory with a plain tasks.py."""
+    def environment(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        """This process's environment, isolated from the user's fdl settings and ssh files."""
         environment = {
             k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))
         }
@@ -59,10 +57,16 @@ class RigCluster:
                 **(env or {}),
             }
         )
+        return environment
+
+    def inv(
+        self, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """The real ``inv`` entry point, run in a directory with a plain tasks.py."""
         return subprocess.run(
             [sys.executable, "-m", "invoke", *args],
             cwd=self.root,
-            env=environment,
+            env=self.environment(env),
             text=True,
             capture_output=True,
             timeout=timeout,

@@ -77,21 +77,10 @@ class Running:
     started: ClassVar[list[Running]] = []
 
     def __init__(self, rig: RigCluster, *args: str, env: dict[str, str]) -> None:
-        environment = {
-            k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))
-        }
-        environment.update(
-            {
-                "FLODL_HOST_NAME": "ctrl",
-                "INVOKE_FDL_KNOWN_HOSTS": str(rig.known_hosts),
-                "INVOKE_FDL_SSH_CONFIG": str(rig.root / "none"),
-                **env,
-            }
-        )
         self.process = subprocess.Popen(
             [sys.executable, "-m", "invoke", *args],
             cwd=rig.root,
-            env=environment,
+            env=rig.environment(env),
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
