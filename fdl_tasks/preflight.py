@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import subprocess
 from collections.abc import Callable
 
@@ -82,14 +83,16 @@ def probe_remotes(
 
 
 def dry_run_lines(cluster: Cluster, label: str, abi: bool) -> list[str]:
-    """What preflight would run, for ``inv --dry``."""
-    local = ProbeRequest.for_host(controller_entry(cluster, label), abi=False)
-    lines = [f"[{label}] (local) sh -c {local.script()!r}"]
+    """What preflight would run, for ``inv --dry``: one line per host."""
+
+    def one_line(host: Worker | Controller) -> str:
+        return shlex.quote(ProbeRequest.for_host(host, abi).script().replace("\n", "; "))
+
+    lines = [f"[{label}] (local) sh -c {one_line(controller_entry(cluster, label))}"]
     for worker in remote_workers(cluster, label):
         port = worker.ssh.port or 22
         user = f"{worker.ssh.user}@" if worker.ssh.user else ""
-        script = ProbeRequest.for_host(worker, abi).script()
-        lines.append(f"[{worker.host}] ssh {user}{worker.ssh_target}:{port} {script!r}")
+        lines.append(f"[{worker.host}] ssh {user}{worker.ssh_target}:{port} {one_line(worker)}")
     return lines
 
 

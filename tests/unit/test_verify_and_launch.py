@@ -1,0 +1,129 @@
+"""Pure pieces of verification, launch and ssh options, run against real local files."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.errors import FdlError
+from fdl_tasks.launch import check_envelopes, launch_command
+from fdl_tasks.model import SshSettings, Worker
+from fdl_tasks.remote import split_option, ssh_config_block
+from fdl_tasks.settings import Settings
+from fdl_tasks.verify import (
+    delivery_problems,
+    file_sha256,
+    parse_verification,
+    required_glibc,
+    verification_script,
+)
+
+
+def test_required_glibc_reads_a_real_elf() -> None:
+    needed = required_glibc(Path("/bin/ls"))
+    assert needed is not None and (2, 2) <= needed <= (2, 99)
+
+
+def test_required_glibc_rejects_a_non_elf(tmp_path: Path) -> None:
+    text = tmp_path / "script"
+    text.write_text("#!/bin/sh\n")
+    with pytest.raises(FdlError, match="cannot read the ELF file"):
+        required_glibc(text)
+
+
+def test_verification_script_against_this_machine(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    binary = tmp_path / "bin" / "tool with space"
+    binary.write_bytes(Path("/bin/true").read_bytes())
+    binary.chmod(0o755)
+    entry = PerHostEnvelope("bin/tool with space", "/nonexistent/lib")
+    done = subprocess.run(
+        ["sh", "-c", verification_script(str(tmp_path), entry)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    copy = parse_verification(done.stdout)
+    assert copy is not None
+    assert copy.sha256 == file_sha256(binary)
+    assert copy.missing_libraries == ()
+    assert copy.libc.glibc is not None
+    assert delivery_problems("h", str(binary), copy, file_sha256(binary), (2, 2)) == []
+    assert "differs" in delivery_problems("h", "p", copy, "0" * 64, None)[0]
+    assert "needs glibc 9.9" in delivery_problems("h", "p", copy, copy.sha256 or "", (9, 9))[0]
+    missing = PerHostEnvelope("bin/none", "/l")
+    done = subprocess.run(
+        ["sh", "-c", verification_script(str(tmp_path), missing)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    gone = parse_verification(done.stdout)
+    assert gone is not None and gone.sha256 is None
+    assert "does not exist" in delivery_problems("h", "p", gone, "x", None)[0]
+
+
+WORKER = Worker("b", "/mnt/p", "precompiled/cu128", env={"NCCL_DEBUG": "WARN", "X": "w"})
+
+
+def test_launch_command_orders_env_and_quotes() -> None:
+    entry = PerHostEnvelope(
+        "target/x/release/bench", "/mnt/p/libtorch/precompiled/cu128/lib", "ddp-bench"
+    )
+    argv = shlex.split(launch_command(WORKER, entry, {"X": "cluster", "Y": "c"}, ["--a", "b c"]))
+    assert argv[:5] == ["cd", "/mnt/p/ddp-bench", "&&", "exec", "env"]
+    assert argv[5:9] == [
+        "X=w",
+        "Y=c",
+        "NCCL_DEBUG=WARN",
+        "LD_LIBRARY_PATH=/mnt/p/libtorch/precompiled/cu128/lib",
+    ]
+    assert argv[9:] == ["/mnt/p/target/x/release/bench", "--a", "b c"]
+
+
+def test_worker_library_path_is_appended_after_the_envelopes() -> None:
+    worker = Worker("b", "/p", env={"LD_LIBRARY_PATH": "/usr/local/lib"})
+    command = launch_command(worker, PerHostEnvelope("bin", "/p/lib"), {}, [])
+    assert "LD_LIBRARY_PATH=/p/lib:/usr/local/lib" in command
+
+
+def test_check_envelopes() -> None:
+    entry = PerHostEnvelope("target/cluster/b/x/release/bench", "/l")
+    assert check_envelopes({"b": entry}, [WORKER], "bench", "f") == []
+    assert check_envelopes({}, [WORKER], "bench", "f") == ["b has no entry in f"]
+    assert "not 'other'" in check_envelopes({"b": entry}, [WORKER], "other", "f")[0]
+
+
+def test_ssh_options_become_a_config_block() -> None:
+    assert split_option("ProxyJump=bastion") == ("proxyjump", "bastion")
+    assert split_option("ConnectTimeout 3") == ("connecttimeout", "3")
+    worker = Worker(
+        "b",
+        "/p",
+        ssh=SshSettings(
+            identity_file="~/.ssh/k",
+            options=("ProxyJump=j", "ServerAliveInterval=5", "Compression yes"),
+        ),
+    )
+    block, ignored = ssh_config_block(worker)
+    assert block.splitlines() == ["Host *", "    identityfile ~/.ssh/k", "    proxyjump j"]
+    assert ignored == ["ServerAliveInterval", "Compression"]
+
+
+def test_settings_are_checked_at_the_edge() -> None:
+    settings = Settings.from_config({"build_jobs": "3", "verify": "no"}, probe_timeout="2.5")
+    assert settings.build_jobs == 3 and settings.verify is False and settings.probe_timeout == 2.5
+    assert Settings.from_config({}, build_jobs=None).build_jobs == 0
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"connect_timeout": 0}, "positive"),
+        ({"bogus": 1}, "unknown fdl"),
+        ({"build_jobs": "many"}, "must be int"),
+        ({"verify": "maybe"}, "must be bool"),
+    ]
+    for bad, fragment in cases:
+        with pytest.raises(FdlError, match=fragment):
+            Settings.from_config(bad)
