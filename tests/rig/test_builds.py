@@ -9,7 +9,9 @@ built with the ``cuda`` feature, and cannot start without the right
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +19,8 @@ from typing import Any
 import pytest
 
 from fdl_tasks.envelope import decode
+from fdl_tasks.loader import load_cluster
+from fdl_tasks.plan import docker_command, plan_builds
 from rig.docker_builder import (
     BUILDER_IMAGE,
     RIG_TAGS,
@@ -230,3 +234,24 @@ def docker_ps_all() -> list[str]:
         check=True,
     ).stdout
     return out.split()
+
+
+def test_docker_build_as_a_non_root_user_leaves_no_root_files(rig: RigCluster) -> None:
+    """The exact command prebuild runs for a non-root user, run for real as uid 4321.
+
+    (The tests themselves run as root, so ``container_user()`` would pass no
+    ``--user``; this renders the command it produces for a non-root caller.)
+    """
+    cluster = load_cluster(rig.write(workers(rig), "user.yaml", docker=docker_settings()))
+    docker = cluster.controller.docker
+    assert docker is not None
+    job = plan_builds([cluster.worker("ada")], docker, "ddp-bench", "ddp-bench", False)[0]
+    target = rig.project / job.target_dir
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    os.chown(target, 4321, 4321)
+    command = docker_command(job, cluster.controller, docker, "usertest", "4321:4321")
+    subprocess.run(command, shell=True, check=True, capture_output=True)
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in target.rglob("*")}
+    assert owners == {(4321, 4321)}
+    assert (target / "release/ddp-bench").is_file()
