@@ -324,9 +324,19 @@ class Builder:
         self.board.finished(result)
         return result
 
+    def _claim_target_dir(self, job: BuildJob) -> None:
+        """Record the arch a target dir is for; a different arch with the same slug
+        (``a/b-c`` and ``a-b/c``) wipes it, since cargo cannot see the swap in Docker."""
+        target = self.root / job.target_dir
+        marker = target / ".fdl-arch"
+        if marker.is_file() and marker.read_text(encoding="utf-8") != job.spec.arch:
+            shutil.rmtree(target)
+        target.mkdir(parents=True, exist_ok=True)
+        marker.write_text(job.spec.arch, encoding="utf-8")
+
     def _build(self, job: BuildJob, started: float) -> JobResult:
+        self._claim_target_dir(job)
         log_path = self.root / job.log_file
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("w", encoding="utf-8") as log:
             stream = PrefixedLines(job.name, log, self.board)
             promise: Any = self.c.run(

@@ -36,17 +36,20 @@ def launch_command(
     """``cd`` into the crate dir, cluster env then worker env, direct exec.
 
     The envelope's ``LD_LIBRARY_PATH`` comes first; a worker's own
-    ``LD_LIBRARY_PATH`` (e.g. bare-metal NCCL) is appended after it.
+    ``LD_LIBRARY_PATH`` (e.g. bare-metal NCCL) is appended after it. The
+    variables are exported by the shell rather than passed through env(1),
+    which would take a binary path containing ``=`` for one more variable.
     """
     environment = {**cluster_env, **worker.env}
     extra = environment.get("LD_LIBRARY_PATH")
     environment["LD_LIBRARY_PATH"] = (
         f"{entry.ld_library_path}:{extra}" if extra else entry.ld_library_path
     )
-    assignments = [f"{name}={value}" for name, value in environment.items()]
+    exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in environment.items())
     binary = join_path(worker.path, entry.bin)
-    return f"cd {shlex.quote(join_path(worker.path, entry.cwd_subpath))} && exec " + shlex.join(
-        ["env", *assignments, binary, *args]
+    return (
+        f"cd {shlex.quote(join_path(worker.path, entry.cwd_subpath))} && export {exports}"
+        f" && exec {shlex.join([binary, *args])}"
     )
 
 

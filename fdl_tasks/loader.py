@@ -26,14 +26,16 @@ from fdl_tasks.model import (
     EnvName,
     EnvValue,
     HostLabel,
+    ImageTemplate,
+    MountPath,
     Port,
     SshOption,
 )
+from fdl_tasks.rules import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, split_ssh_option
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ARCH_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SSH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9]*\s*[= ]\s*\S.*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -97,6 +99,26 @@ def check_abs_path(value: object) -> AbsPath:
     return text
 
 
+def check_image(value: object) -> str:
+    """An image name, whose only template fields are ``{cuda_version}`` and ``{cuda_tag}``."""
+    text = _text(value)
+    bare = text.replace(CUDA_VERSION_FIELD, "").replace(CUDA_TAG_FIELD, "")
+    if not text or text.startswith("-") or any(c in bare for c in "{} \t"):
+        raise InvalidValue(
+            f"image {text!r} must be an image name such as 'flodl-cuda:{{cuda_tag}}': no "
+            "spaces, no leading '-', and no template fields but {cuda_version} and {cuda_tag}"
+        )
+    return text
+
+
+def check_mount_path(value: object) -> str:
+    """Docker's ``-v SOURCE:TARGET`` syntax cannot carry a ``:`` or ``,`` in a path."""
+    text = check_abs_path(value)
+    if ":" in text or "," in text:
+        raise InvalidValue(f"{text!r} cannot be bind-mounted by Docker (it contains ':' or ',')")
+    return text
+
+
 def check_env_name(value: object) -> EnvName:
     text = _text(value)
     if not _ENV_NAME.fullmatch(text):
@@ -125,7 +147,7 @@ def check_port(value: object) -> Port:
 def check_ssh_option(value: object) -> SshOption:
     """ssh_config style: ``Key=Value`` or ``Key Value``, as after ``ssh -o``."""
     text = _text(value)
-    if not _SSH_OPTION.fullmatch(text):
+    if split_ssh_option(text) is None:
         raise InvalidValue(
             f"ssh option {text!r} must look like 'Key=Value' (e.g. 'ProxyJump=bastion')"
         )
@@ -162,6 +184,8 @@ def _make_converter() -> cattrs.Converter:
         EnvValue: check_env_value,
         Port: check_port,
         SshOption: check_ssh_option,
+        ImageTemplate: check_image,
+        MountPath: check_mount_path,
     }
     for kind, check in checks.items():
         converter.register_structure_hook_func(_is(kind), _ignoring_type(check))
@@ -238,6 +262,14 @@ def parse_cluster(data: object, source: str) -> Cluster:
             + "; ".join(_readable(p) for p in problems)
             + "."
         ) from None
+    if cluster.controller.docker and (
+        ":" in cluster.controller.path or "," in cluster.controller.path
+    ):
+        raise FdlError(
+            f"{source} is not a valid cluster file: controller.path: "
+            f"{cluster.controller.path!r} cannot be bind-mounted by Docker (it "
+            "contains ':' or ','); move the project or build with native cargo."
+        )
     seen: dict[str, int] = {}
     for index, worker in enumerate(cluster.workers):
         if worker.host in seen:

@@ -24,6 +24,10 @@ Arch = Annotated[str, "Arch"]
 AbsPath = Annotated[str, "AbsPath"]
 #: The value of an environment variable (YAML numbers are accepted and kept as text).
 EnvValue = Annotated[str, "EnvValue"]
+#: A Docker image reference, possibly with ``{cuda_version}`` / ``{cuda_tag}``.
+ImageTemplate = Annotated[str, "ImageTemplate"]
+#: A path Docker bind-mounts (``-v SOURCE:TARGET``): absolute, without ``:`` or ``,``.
+MountPath = Annotated[str, "MountPath"]
 #: A TCP port, 1 to 65535.
 Port = Annotated[int, "Port"]
 #: One ssh_config-style option, ``Key=Value``.
@@ -54,9 +58,9 @@ class DockerSettings:
     encode no CUDA version use ``cuda_version`` instead.
     """
 
-    image: str
-    workspace: AbsPath = "/workspace"
-    libtorch: AbsPath = "/opt/libtorch"
+    image: ImageTemplate
+    workspace: MountPath = "/workspace"
+    libtorch: MountPath = "/opt/libtorch"
     cuda_version: str | None = None
     run_args: tuple[str, ...] = ()
     env: Mapping[EnvName, EnvValue] = attrs.field(factory=dict)

@@ -17,6 +17,8 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Arch, Controller, DockerSettings, Worker
 from fdl_tasks.rules import (
     CLUSTER_TARGET,
+    CUDA_TAG_FIELD,
+    CUDA_VERSION_FIELD,
     PROFILE_DIR,
     arch_slug,
     binary_path,
@@ -70,21 +72,19 @@ class BuildJob:
 
 
 def resolve_image(docker: DockerSettings, arch: Arch) -> str:
-    """Fill ``{cuda_version}``/``{cuda_tag}`` from the arch, else the configured default."""
-    version = cuda_version(arch) or docker.cuda_version
-    if "{" not in docker.image:
+    """Fill ``{cuda_version}``/``{cuda_tag}`` from the arch, else the configured default.
+
+    The loader allows no other template field, so plain replacement is enough.
+    """
+    if CUDA_VERSION_FIELD not in docker.image and CUDA_TAG_FIELD not in docker.image:
         return docker.image
+    version = cuda_version(arch) or docker.cuda_version
     if version is None:
         raise FdlError(
             f"image {docker.image!r} needs a CUDA version but arch {arch!r} encodes none: "
             "set controller.docker.cuda_version in cluster.yaml (e.g. '12.8')"
         )
-    try:
-        return docker.image.format(cuda_version=version, cuda_tag=version)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise FdlError(
-            f"image {docker.image!r}: only {{cuda_version}} and {{cuda_tag}} may be used ({exc})"
-        ) from None
+    return docker.image.replace(CUDA_VERSION_FIELD, version).replace(CUDA_TAG_FIELD, version)
 
 
 def build_spec(

@@ -26,6 +26,7 @@ from invoke.exceptions import CommandTimedOut
 
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Worker
+from fdl_tasks.rules import split_ssh_option
 from fdl_tasks.settings import Settings
 
 #: ssh_config keys (lower case) that Fabric and paramiko honour.
@@ -43,12 +44,6 @@ HONOURED_OPTIONS = frozenset(
 )
 
 
-def split_option(option: str) -> tuple[str, str]:
-    """``ProxyJump=bastion`` or ``ProxyJump bastion`` → ``("proxyjump", "bastion")``."""
-    key, _, value = option.replace("=", " ", 1).partition(" ")
-    return key.strip().lower(), value.strip()
-
-
 def ssh_config_block(worker: Worker) -> tuple[str, list[str]]:
     """The worker's options as an ssh_config ``Host *`` block, and the keys we cannot honour.
 
@@ -56,13 +51,13 @@ def ssh_config_block(worker: Worker) -> tuple[str, list[str]]:
     """
     lines, ignored = ["Host *"], []
     if worker.ssh.identity_file:
-        lines.append(f"    identityfile {worker.ssh.identity_file}")
+        lines.append(f"    identityfile = {worker.ssh.identity_file}")
     for option in worker.ssh.options:
-        key, value = split_option(option)
+        key, value = split_ssh_option(option) or ("", "")
         if key in HONOURED_OPTIONS:
-            lines.append(f"    {key} {value}")
+            lines.append(f"    {key} = {value}")  # "=" keeps a value's own leading "="
         else:
-            ignored.append(option.replace("=", " ", 1).split(" ", 1)[0])
+            ignored.append(option[: len(key)])
     return "\n".join(lines) + "\n", ignored
 
 

@@ -12,14 +12,27 @@ from fdl_tasks.model import Arch, Cluster, Worker
 
 #: Where every per-host build tree lives, relative to the project root.
 CLUSTER_TARGET = "target/cluster"
+#: The image template fields an arch's CUDA version fills in.
+CUDA_VERSION_FIELD, CUDA_TAG_FIELD = "{cuda_version}", "{cuda_tag}"
 #: Environment variable that names the controller's host label.
 HOST_NAME_ENV = "FLODL_HOST_NAME"
 #: cargo builds release binaries into this subdirectory of the target dir.
 PROFILE_DIR = "release"
 
+_SSH_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)(?:[ \t]*=[ \t]*|[ \t]+(?!=))(\S.*)")
 _CUDA = re.compile(r"cu(\d+)(\d)(?![0-9])")
 _COMMAND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _CRATE_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
+
+
+def split_ssh_option(option: str) -> tuple[str, str] | None:
+    """``Key=Value``, ``Key = Value`` or ``Key Value`` → ``("key", "Value")``, as ssh reads it.
+
+    Only the separator is consumed: an ``=`` inside the value is kept. ``None``
+    when there is no key or no value.
+    """
+    match = _SSH_OPTION.fullmatch(option)
+    return (match.group(1).lower(), match.group(2)) if match else None
 
 
 def arch_slug(arch: Arch) -> str:

@@ -28,7 +28,7 @@ from rig.docker_builder import (
     ensure_dockerd,
     toolchain_run_args,
 )
-from rig.project import break_variant, make_project
+from rig.project import add_variant, break_variant, make_project
 from rig.sshrig import HostSpec
 from tests.rig.conftest import RigCluster, start_rig
 
@@ -255,3 +255,17 @@ def test_docker_build_as_a_non_root_user_leaves_no_root_files(rig: RigCluster) -
     owners = {(p.stat().st_uid, p.stat().st_gid) for p in target.rglob("*")}
     assert owners == {(4321, 4321)}
     assert (target / "release/ddp-bench").is_file()
+
+
+def test_arches_with_the_same_slug_never_share_a_binary(rig: RigCluster) -> None:
+    """``a/b-c`` and ``a-b/c`` fold to one slug; in Docker cargo cannot tell them apart."""
+    for arch in ("slug/a-cu1", "slug-a/cu1"):
+        add_variant(rig.project, arch)
+    for arch in ("slug/a-cu1", "slug-a/cu1"):
+        archs = {"blackwell": arch}
+        path = rig.write(workers(rig, archs), "slug.yaml", docker=docker_settings())
+        done = rig.inv(
+            "prebuild", "--cmd", "ddp-bench", "--per-host", "--json", "--cluster-file", str(path)
+        )
+        assert done.returncode == 0, done.stderr
+        assert_runs_everywhere(rig, done.stdout.strip() + "\n", archs)

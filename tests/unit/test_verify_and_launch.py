@@ -12,7 +12,8 @@ from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
 from fdl_tasks.launch import check_envelopes, launch_command
 from fdl_tasks.model import SshSettings, Worker
-from fdl_tasks.remote import split_option, ssh_config_block
+from fdl_tasks.remote import ssh_config_block
+from fdl_tasks.rules import split_ssh_option
 from fdl_tasks.settings import Settings
 from fdl_tasks.verify import (
     delivery_problems,
@@ -99,8 +100,11 @@ def test_check_envelopes() -> None:
 
 
 def test_ssh_options_become_a_config_block() -> None:
-    assert split_option("ProxyJump=bastion") == ("proxyjump", "bastion")
-    assert split_option("ConnectTimeout 3") == ("connecttimeout", "3")
+    assert split_ssh_option("ProxyJump=bastion") == ("proxyjump", "bastion")
+    assert split_ssh_option("ConnectTimeout 3") == ("connecttimeout", "3")
+    assert split_ssh_option("ProxyJump = =b") == ("proxyjump", "=b")
+    assert split_ssh_option("ProxyCommand ssh -o A=b x") == ("proxycommand", "ssh -o A=b x")
+    assert split_ssh_option("ProxyJump =") is None and split_ssh_option("ProxyJump") is None
     worker = Worker(
         "b",
         "/p",
@@ -110,7 +114,7 @@ def test_ssh_options_become_a_config_block() -> None:
         ),
     )
     block, ignored = ssh_config_block(worker)
-    assert block.splitlines() == ["Host *", "    identityfile ~/.ssh/k", "    proxyjump j"]
+    assert block.splitlines() == ["Host *", "    identityfile = ~/.ssh/k", "    proxyjump = j"]
     assert ignored == ["ServerAliveInterval", "Compression"]
 
 
