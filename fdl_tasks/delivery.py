@@ -22,14 +22,22 @@ from fdl_tasks.verify import (
 
 def verify_delivery(
     fleet: Fleet,
-    root: str,
     envelopes: Mapping[str, PerHostEnvelope],
+    built: Mapping[str, Path],
     settings: Settings,
     warn: Callable[[str], None],
 ) -> list[str]:
-    """Problems that make a host unable to run its binary; unreachable hosts only warn."""
-    expected = {h: file_sha256(Path(root, e.bin)) for h, e in envelopes.items()}
-    needed = {h: required_glibc(Path(root, e.bin)) for h, e in envelopes.items()}
+    """Problems that make a host unable to run its binary; unreachable hosts only warn.
+
+    ``built[host]`` is the binary cargo produced for that host's build: each
+    distinct build is hashed and parsed once, however many hosts share it,
+    and every host's own copy must match it.
+    """
+    sources = set(built.values())
+    digests = {source: file_sha256(source) for source in sources}
+    needs = {source: required_glibc(source) for source in sources}
+    expected = {h: digests[built[h]] for h in envelopes}
+    needed = {h: needs[built[h]] for h in envelopes}
     scripts = {h: verification_script(fleet.workers[h].path, e) for h, e in envelopes.items()}
     copies: dict[str, RemoteCopy] = {}
     pending = set(envelopes)

@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from invoke.context import Context
@@ -94,7 +95,12 @@ def summary_lines(results: Sequence[JobResult], cluster: Cluster) -> list[str]:
 
 
 def run_builds(
-    c: Context, cluster: Cluster, settings: Settings, jobs: Sequence[BuildJob], say: Say
+    c: Context,
+    cluster: Cluster,
+    settings: Settings,
+    jobs: Sequence[BuildJob],
+    say: Say,
+    tools_checked: bool = False,
 ) -> list[JobResult]:
     """Every build to its end, or every command printed under ``inv --dry``."""
     run_id = secrets.token_hex(4)
@@ -104,7 +110,8 @@ def run_builds(
             for job in jobs:
                 say(f"[{job.name}] {builder.command(job)}")
             return []
-        check_tools(cluster, jobs)
+        if not tools_checked:
+            check_tools(cluster, jobs)
         say(
             f"prebuild: {len(jobs)} build(s), {min(settings.jobs, len(jobs))} at a time "
             f"(run {run_id}: containers labelled {RUN_LABEL}={run_id})"
@@ -142,28 +149,32 @@ def prebuild(
         run_builds(c, cluster, settings, jobs, say)
         return None
     lock = Path(cluster.controller.path, CLUSTER_TARGET, "_prebuild.lock")
-    with Fleet(remotes, settings, say) as fleet:
+    with Fleet(remotes, settings, say) as fleet, ThreadPoolExecutor(1) as side:
+        tools = side.submit(check_tools, cluster, jobs)  # local checks overlap the ssh probe
         report_preflight(run_preflight(cluster, label, settings, fleet, True, say), False, say)
+        tools.result()
         with project_lock(lock, say):
             # Withdraw the previous envelope first: if this run fails, nothing
             # may point a launcher at binaries that are now stale.
             envelope_path(cluster, settings).unlink(missing_ok=True)
             os.environ.pop(ENV_PREBUILD_PER_HOST, None)
-            run_builds(c, cluster, settings, jobs, say)
+            run_builds(c, cluster, settings, jobs, say, tools_checked=True)
             envelopes = {w.host: PerHostEnvelope.for_worker(w, command, crate) for w in remotes}
             if settings.verify:
-                verify(fleet, cluster, envelopes, settings, say)
+                root = Path(cluster.controller.path)
+                built = {host: root / job.built_binary for job in jobs for host in job.hosts}
+                verify(fleet, envelopes, built, settings, say)
             return publish(envelopes, envelope_path(cluster, settings), say)
 
 
 def verify(
     fleet: Fleet,
-    cluster: Cluster,
     envelopes: dict[str, PerHostEnvelope],
+    built: dict[str, Path],
     settings: Settings,
     say: Say,
 ) -> None:
-    problems = verify_delivery(fleet, cluster.controller.path, envelopes, settings, say)
+    problems = verify_delivery(fleet, envelopes, built, settings, say)
     if problems:
         raise FdlError(
             "delivery verification failed; no envelope was published.\n"

@@ -13,9 +13,6 @@ import shlex
 from pathlib import Path
 
 import attrs
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection
 
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
@@ -35,6 +32,10 @@ def file_sha256(path: Path) -> str:
 
 def required_glibc(binary: Path) -> tuple[int, int] | None:
     """The highest ``GLIBC_x.y`` symbol version the ELF file needs, if any."""
+    from elftools.common.exceptions import ELFError  # only prebuild needs it: keep inv fast
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
     try:
         with binary.open("rb") as stream:
             versions = [

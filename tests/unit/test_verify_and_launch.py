@@ -76,14 +76,14 @@ def test_launch_command_orders_env_and_quotes() -> None:
         "target/x/release/bench", "/mnt/p/libtorch/precompiled/cu128/lib", "ddp-bench"
     )
     argv = shlex.split(launch_command(WORKER, entry, {"X": "cluster", "Y": "c"}, ["--a", "b c"]))
-    assert argv[:5] == ["cd", "/mnt/p/ddp-bench", "&&", "exec", "env"]
-    assert argv[5:9] == [
+    assert argv[:4] == ["cd", "/mnt/p/ddp-bench", "&&", "export"]
+    assert argv[4:8] == [
         "X=w",
         "Y=c",
         "NCCL_DEBUG=WARN",
         "LD_LIBRARY_PATH=/mnt/p/libtorch/precompiled/cu128/lib",
     ]
-    assert argv[9:] == ["/mnt/p/target/x/release/bench", "--a", "b c"]
+    assert argv[8:] == ["&&", "exec", "/mnt/p/target/x/release/bench", "--a", "b c"]
 
 
 def test_worker_library_path_is_appended_after_the_envelopes() -> None:
