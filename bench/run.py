@@ -2,10 +2,16 @@
 
 Run from the repository root, as root, with dockerd available::
 
-    python3 -m bench.run                 # 5 repetitions of each comparison (~15 min, 2 cores)
-    python3 -m bench.run --quick         # 3 repetitions
+    python3 -m bench.run                 # 5 repetitions (~14 min on an idle 2-core machine)
+    python3 -m bench.run --quick         # 3 repetitions (~9 min)
     python3 -m bench.run --reps 7 --only 1,2,4
     python3 -m bench.run --native        # builds with native cargo instead of Docker
+    python3 -m bench.run --budget 24     # minutes; comparison 3 (run last) drops
+                                         # repetitions that would overrun (default 24)
+
+Run order: 1+2, 4, 5, 3. The machine should be otherwise idle: builds use both
+cores, and anything else running (another test suite, other containers) shows
+up directly in the build timings (``loadavg_at_start``/``_end`` are recorded).
 
 The script brings everything up itself and tears it down at the end (also on
 Ctrl-C or an error):
@@ -33,9 +39,9 @@ Comparisons (A and B alternate within one run: A, B, A, B, ...; medians):
 4. cold ``inv prebuild`` for 1 host vs the bare ``docker run ... cargo build`` it
    wraps (taken from ``inv --dry prebuild``), same cold target dir; target <= 1.15.
    Then the same with nothing changed (warm target dir): target <= 2.0.
-5. peak RSS of a cold ``inv prebuild`` over 32 hosts on 2 variants (``/usr/bin/time -v``:
-   the largest process of the tree; and the ``inv`` process's own ``VmHWM``, sampled).
-   Target <= 150 MiB.
+5. peak RSS of a cold ``inv prebuild`` over 32 hosts on 2 variants, twice
+   (``/usr/bin/time -v``: the largest process of the tree; and the ``inv`` process's own
+   ``VmHWM``, sampled every 50 ms). Target <= 150 MiB.
 
 The table goes to stdout; everything (samples, medians, per-phase timings taken
 from the time each stderr line of ``inv`` arrived, machine facts) goes to
@@ -85,7 +91,7 @@ PORT = 2222
 HOSTS = 32
 VARIANTS = ("precompiled/cu128", "precompiled/cu126")
 CMD = crate_gen.DEFAULT_NAME
-MIB = 1024 * 1024
+TEARDOWN_S = 30.0
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -311,8 +317,9 @@ class BenchError(RuntimeError):
 
 
 class Bench:
-    def __init__(self, reps: int, docker: bool) -> None:
+    def __init__(self, reps: int, docker: bool, budget_s: float = 1e9) -> None:
         self.reps = reps
+        self.deadline = time.monotonic() + budget_s
         self.docker = docker
         self.rig = Rig(STATE / "rig")
         self.project = STATE / "project"
@@ -631,6 +638,13 @@ class Bench:
         runs_a: list[Run] = []
         runs_b: list[Run] = []
         for rep in range(self.reps):
+            if rep and not self.fits(comp.a[-1] + comp.b[-1]):
+                comp.notes.append(
+                    f"stopped after {rep} of {self.reps} repetitions: another would overrun "
+                    "the time budget (--budget)"
+                )
+                log(comp.notes[-1])
+                break
             self.cold()
             a = self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b8))
             self.cold()
@@ -656,6 +670,10 @@ class Bench:
         )
         self.results.append(comp)
 
+    def fits(self, seconds: float) -> bool:
+        """Whether another step of about ``seconds`` ends before the budget (teardown kept)."""
+        return time.monotonic() + 1.15 * seconds + TEARDOWN_S < self.deadline
+
     # ---- 5: memory ----------------------------------------------------------------------
 
     def bench_memory(self) -> None:
@@ -670,7 +688,7 @@ class Bench:
             unit="MiB",
         )
         runs: list[Run] = []
-        for rep in range(max(2, min(self.reps, 3))):
+        for rep in range(2):
             self.cold()
             run = self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b32), rss=True)
             tree = (run.peak_rss_tree_kib or 0) / 1024
@@ -788,6 +806,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 repetitions")
     parser.add_argument("--native", action="store_true", help="native cargo instead of Docker")
     parser.add_argument(
+        "--budget",
+        type=float,
+        default=24.0,
+        help="minutes the whole run may take; comparison 3 (run last) drops repetitions "
+        "that would overrun it (default 24)",
+    )
+    parser.add_argument(
         "--only", default="1,2,3,4,5", help="comma-separated comparisons to run (default all)"
     )
     args = parser.parse_args(argv)
@@ -800,7 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     docker = not args.native
     facts = machine_facts(reps, args.quick, docker)
-    bench = Bench(reps, docker)
+    bench = Bench(reps, docker, args.budget * 60)
     started = time.monotonic()
     status = 0
     with interrupt_on_sigterm():
@@ -810,17 +835,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.bench_probes(want)
             if "4" in want:
                 bench.bench_overhead()
-            if "3" in want:
-                bench.bench_shared()
             if "5" in want:
                 bench.bench_memory()
+            if "3" in want:  # the longest: last, so the time budget can trim it
+                bench.bench_shared()
         except (BenchError, KeyboardInterrupt) as exc:
             log(f"aborted: {exc or 'interrupted'}")
             status = 1
         finally:
             bench.down()
+    bench.results.sort(key=lambda comp: comp.key)
     facts.update(bench.facts)
     facts["total_s"] = round(time.monotonic() - started, 1)
+    facts["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     payload = {**facts, "comparisons": [c.to_json() for c in bench.results]}
     RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
     print()
