@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
-from tests.conftest import DATA
+from tests.conftest import DATA, run_inv
 
 ROOT_TASKS = "from fdl_tasks import ns\n"
 NESTED_TASKS = """\
@@ -31,19 +29,8 @@ workers:
 """
 
 
-def inv(
-    cwd: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))}
-    environment.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", *args],
-        cwd=cwd,
-        text=True,
-        capture_output=True,
-        env=environment,
-        timeout=60,
-    )
+def inv(cwd: Path, *args: str, env: dict[str, str] | None = None) -> CompletedProcess[str]:
+    return run_inv(cwd, *args, env=env)
 
 
 def project(tmp_path: Path, tasks: str, *names: str) -> Path:

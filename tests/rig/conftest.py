@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ import pytest
 import yaml
 
 from rig.sshrig import HostSpec, Rig
+from tests.conftest import isolated_env, run_inv
 
 
 class RigCluster:
@@ -45,11 +44,8 @@ class RigCluster:
         return path
 
     def environment(self, env: dict[str, str] | None = None) -> dict[str, str]:
-        """This process's environment, isolated from the user's fdl settings and ssh files."""
-        environment = {
-            k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))
-        }
-        environment.update(
+        """Isolated from the user's fdl settings and ssh files, pointed at this rig."""
+        return isolated_env(
             {
                 "FLODL_HOST_NAME": "ctrl",
                 "INVOKE_FDL_KNOWN_HOSTS": str(self.known_hosts),
@@ -57,21 +53,12 @@ class RigCluster:
                 **(env or {}),
             }
         )
-        return environment
 
     def inv(
         self, *args: str, timeout: float = 300, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         """The real ``inv`` entry point, run in a directory with a plain tasks.py."""
-        return subprocess.run(
-            [sys.executable, "-m", "invoke", *args],
-            cwd=self.root,
-            env=self.environment(env),
-            text=True,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
+        return run_inv(self.root, *args, env=self.environment(env), timeout=timeout)
 
 
 def start_rig(tmp: Path, hosts: Sequence[HostSpec]) -> Iterator[RigCluster]:

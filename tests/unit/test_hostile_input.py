@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -46,7 +45,7 @@ from fdl_tasks.rules import (
     target_dir,
 )
 from fdl_tasks.verify import parse_verification, verification_script
-from tests.conftest import REPO
+from tests.conftest import REPO, run_inv
 
 SOURCE = "cluster.yaml"
 MARKER = "PWNED"
@@ -1047,16 +1046,7 @@ def test_check_crate_dir_accepts_only_relative_paths_inside_the_root(relative: s
 
 
 def inv(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))}
-    environment["PYTHONPATH"] = str(REPO)
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", *args],
-        cwd=cwd,
-        text=True,
-        capture_output=True,
-        env=environment,
-        timeout=60,
-    )
+    return run_inv(cwd, *args, env={"PYTHONPATH": str(REPO)})
 
 
 @pytest.fixture(scope="module")
