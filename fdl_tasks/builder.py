@@ -195,20 +195,16 @@ def check_cargo() -> None:
         )
 
 
-def remove_containers(run_id: str, job: BuildJob | None = None) -> int:
-    """Remove this run's build containers (or one job's); returns how many."""
+def remove_containers(run_id: str, job: BuildJob | None = None) -> None:
+    """Remove this run's build containers (or one job's)."""
     import docker as docker_sdk
 
     labels = [f"{RUN_LABEL}={run_id}"] + ([f"{JOB_LABEL}={job.name}"] if job else [])
-    try:
+    with contextlib.suppress(docker_sdk.errors.DockerException):  # a dead daemon has none
         client = _docker_client()
-        found = client.containers.list(all=True, filters={"label": labels})
-        for container in found:
+        for container in client.containers.list(all=True, filters={"label": labels}):
             container.remove(force=True)
         client.close()
-    except docker_sdk.errors.DockerException:
-        return 0
-    return len(found)
 
 
 def container_user() -> str | None:
@@ -294,15 +290,15 @@ class Builder:
         pool.shutdown()
         return results
 
-    def stop(self) -> int:
-        """Stop every build this run started; returns how many were stopped."""
+    def stop(self) -> None:
+        """Stop every build this run started: cargo process groups and containers."""
         with self._lock:
             groups = list(self._processes.values())
         for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGTERM)
-        containers = remove_containers(self.run_id) if self.cluster.controller.docker else 0
-        return max(len(groups), containers)
+        if self.cluster.controller.docker:
+            remove_containers(self.run_id)
 
     def run_one(self, job: BuildJob) -> JobResult:
         started = time.monotonic()
