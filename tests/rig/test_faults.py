@@ -7,7 +7,9 @@ interrupt, kill or race against.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import re
 import signal
 import subprocess
@@ -322,3 +324,37 @@ def test_sshd_killed_mid_probe_is_a_warning(rig: RigCluster) -> None:
         else:
             slow.write_text(original)
         rig.rig.stop_host("gamma")  # reaps the orphaned session processes too
+
+
+def test_live_status_line_on_a_real_terminal(rig: RigCluster) -> None:
+    """stderr on a pseudo-terminal: the status line is drawn, redrawn and erased."""
+    path = cluster(rig, "tty.yaml", docker=False)
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "invoke",
+            "prebuild",
+            "--cmd",
+            "ddp-bench",
+            "--cluster-file",
+            str(path),
+        ],
+        cwd=rig.root,
+        env=rig.environment({"FDL_FIXTURE_BUILD_SLEEP": "2"}),
+        stdout=subprocess.DEVNULL,
+        stderr=terminal,
+        stdin=subprocess.DEVNULL,
+    )
+    os.close(terminal)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+        while chunk := os.read(controller, 4096):
+            seen += chunk
+    os.close(controller)
+    assert process.wait(timeout=60) == 0
+    text = seen.decode()
+    assert "\r\x1b[K[running: " in text and "| done 0 | failed 0]" in text
+    assert "prebuild: alpha started" not in text  # plain lines are for pipes only
+    assert text.count("[running: ") > 2  # redrawn while the builds run
