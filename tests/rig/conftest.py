@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
+from rig.project import make_project
 from rig.sshrig import HostSpec, Rig
 from tests.conftest import isolated_env, run_inv
 
@@ -61,11 +63,19 @@ class RigCluster:
         return run_inv(self.root, *args, env=self.environment(env), timeout=timeout)
 
 
-def start_rig(tmp: Path, hosts: Sequence[HostSpec]) -> Iterator[RigCluster]:
+def start_rig(
+    tmp: Path, hosts: Sequence[HostSpec], variants: Sequence[str] = (), docker: bool = False
+) -> Iterator[RigCluster]:
+    """The hosts up, a project with those libtorch variants, and dockerd if asked for."""
+    if docker:
+        ensure_dockerd()
+        ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
     rig = Rig(tmp / "rig")
     rig.up(hosts)
     project = tmp / "project"
     project.mkdir(exist_ok=True)
+    if variants:
+        make_project(project, variants)
     (tmp / "tasks.py").write_text("from fdl_tasks import ns\n")
     try:
         yield RigCluster(rig, tmp, project)

@@ -23,12 +23,9 @@ from fdl_tasks.loader import load_cluster
 from fdl_tasks.plan import docker_command, plan_builds
 from rig.docker_builder import (
     BUILDER_IMAGE,
-    RIG_TAGS,
-    ensure_builder_image,
-    ensure_dockerd,
     toolchain_run_args,
 )
-from rig.project import add_variant, break_variant, make_project
+from rig.project import add_variant, break_variant
 from rig.sshrig import HostSpec
 from tests.rig.conftest import RigCluster, start_rig
 
@@ -59,10 +56,7 @@ ARCHS = {
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    ensure_dockerd()
-    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
-    for cluster in start_rig(tmp_path_factory.mktemp("builds"), HOSTS):
-        make_project(cluster.project, VARIANTS)
+    for cluster in start_rig(tmp_path_factory.mktemp("builds"), HOSTS, VARIANTS, docker=True):
         view = cluster.root / "mnt-pascal"  # pascal sees the share at another path
         view.symlink_to(cluster.project)
         yield cluster

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from rig.project import make_project
 from rig.sshrig import HostSpec
 from tests.rig.conftest import RigCluster, start_rig
 
@@ -34,9 +33,7 @@ FAST_RETRY = {"INVOKE_FDL_VERIFY_RETRIES": "1", "INVOKE_FDL_VERIFY_RETRY_DELAY":
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    for cluster in start_rig(tmp_path_factory.mktemp("delivery"), HOSTS):
-        make_project(cluster.project, [ARCH])
-        yield cluster
+    yield from start_rig(tmp_path_factory.mktemp("delivery"), HOSTS, [ARCH])
 
 
 def copy_view(rig: RigCluster, name: str, with_libtorch: bool = True) -> Path:

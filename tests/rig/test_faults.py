@@ -23,8 +23,6 @@ from typing import Any, ClassVar
 import pytest
 
 from fdl_tasks.envelope import decode
-from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
-from rig.project import make_project
 from rig.sshrig import HostSpec
 from tests.rig.conftest import RigCluster, start_rig
 from tests.rig.test_builds import docker_settings
@@ -42,11 +40,7 @@ ENVELOPE = "target/cluster/_envelope.json"
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    ensure_dockerd()
-    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
-    for cluster in start_rig(tmp_path_factory.mktemp("faults"), HOSTS):
-        make_project(cluster.project, VARIANTS)
-        yield cluster
+    yield from start_rig(tmp_path_factory.mktemp("faults"), HOSTS, VARIANTS, docker=True)
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 
 from fdl_tasks.envelope import decode
-from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
-from rig.project import make_project
 from rig.sshrig import HostSpec
 from tests.rig.conftest import RigCluster, start_rig
 from tests.rig.test_builds import docker_settings, run_on_host
@@ -26,11 +24,8 @@ ARCHS = {
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    ensure_dockerd()
-    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
-    for cluster in start_rig(tmp_path_factory.mktemp("shared"), HOSTS):
-        make_project(cluster.project, sorted(set(ARCHS.values())))
-        yield cluster
+    variants = sorted(set(ARCHS.values()))
+    yield from start_rig(tmp_path_factory.mktemp("shared"), HOSTS, variants, docker=True)
 
 
 @pytest.fixture
