@@ -13,6 +13,7 @@ import fcntl
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -23,15 +24,17 @@ from types import FrameType
 from typing import Any, Protocol, TextIO
 
 import attrs
+import yaml
 from invoke.context import Context
 from invoke.exceptions import CommandTimedOut
 
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Cluster, DockerSettings
+from fdl_tasks.model import Cluster, ComposeService
 from fdl_tasks.plan import (
     JOB_LABEL,
     RUN_LABEL,
     BuildJob,
+    compose_command,
     docker_command,
     native_command,
 )
@@ -161,7 +164,7 @@ def _docker_client() -> Any:
     return docker_sdk.from_env(version="auto", timeout=10)
 
 
-def check_docker(docker: DockerSettings, images: Iterable[str]) -> None:
+def check_docker(images: Iterable[str], configured: str) -> None:
     """Before any build: the daemon answers and every image exists locally."""
     import docker as docker_sdk
 
@@ -174,16 +177,106 @@ def check_docker(docker: DockerSettings, images: Iterable[str]) -> None:
             "controller.docker from cluster.yaml to build with native cargo"
         ) from None
     missing = []
-    for image in sorted(set(images)):
-        try:
-            client.images.get(image)
-        except docker_sdk.errors.ImageNotFound:
-            missing.append(image)
-    client.close()
+    try:
+        for image in sorted(set(images)):
+            try:
+                client.images.get(image)
+            except docker_sdk.errors.ImageNotFound:
+                missing.append(image)
+    except docker_sdk.errors.DockerException as exc:
+        raise FdlError(f"the Docker daemon refused to look up image {image!r}: {exc}") from None
+    finally:
+        client.close()
     if missing:
         raise FdlError(
             f"Docker image(s) not found on this machine: {', '.join(missing)} "
-            f"(controller.docker.image is {docker.image!r}); build or pull them first"
+            f"({configured}); build or pull them first"
+        )
+
+
+def find_compose() -> tuple[str, ...]:
+    """``docker compose`` (v2, what flodl runs), else ``docker-compose`` (v1)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        answer = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, timeout=30, check=False
+        )
+        if answer.returncode == 0:
+            return ("docker", "compose")
+    if shutil.which("docker-compose"):
+        return ("docker-compose",)
+    raise FdlError(
+        "controller.docker names a docker compose service, but neither 'docker compose' "
+        "(the Compose plugin) nor 'docker-compose' is installed on the controller"
+    )
+
+
+def compose_images(
+    compose_argv: Sequence[str],
+    compose: ComposeService,
+    root: str,
+    environments: Iterable[dict[str, str]],
+) -> set[str]:
+    """The images the service resolves to under each build's variables; the service must exist.
+
+    ``docker compose config`` interpolates the file exactly as ``run`` will.
+    """
+    images = set()
+    for environment in {tuple(sorted(e.items())) for e in environments}:
+        try:
+            answer = subprocess.run(
+                [*compose_argv, "config"],
+                cwd=root,
+                env={**os.environ, **dict(environment)},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise FdlError(f"cannot run {' '.join(compose_argv)} config in {root}: {exc}") from None
+        if answer.returncode != 0:
+            raise FdlError(
+                f"{' '.join(compose_argv)} config failed in {root} (is there a compose file?): "
+                + " ".join(answer.stderr.split())[-300:]
+            )
+        services = (yaml.safe_load(answer.stdout) or {}).get("services") or {}
+        if compose.service not in services:
+            raise FdlError(
+                f"controller.docker names the compose service {compose.service!r}, but the "
+                f"compose file in {root} defines only: {', '.join(sorted(services)) or 'none'}"
+            )
+        image = services[compose.service].get("image")
+        if image:
+            images.add(str(image))
+    return images
+
+
+def create_compose_networks(
+    compose_argv: Sequence[str], compose: ComposeService, root: str, environment: dict[str, str]
+) -> None:
+    """Let compose create the project's networks once, before builds run in parallel.
+
+    Compose creates them on first use, and two first uses at once race: both
+    create ``<project>_default`` and every later run finds the name ambiguous.
+    """
+    argv = [*compose_argv, "run", "--rm", "-T", "--label", f"{RUN_LABEL}=warm-up"]
+    try:
+        answer = subprocess.run(
+            [*argv, compose.service, "true"],
+            cwd=root,
+            env={**os.environ, **environment},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise FdlError(f"cannot run {' '.join(argv)}: {exc}") from None
+    if answer.returncode != 0:
+        raise FdlError(
+            f"{' '.join(compose_argv)} could not start service {compose.service!r} in {root}: "
+            + " ".join(answer.stderr.split())[-300:]
         )
 
 
@@ -263,18 +356,25 @@ class Builder:
         timeout: float,
         jobs: int,
         board: StatusBoard,
+        compose_argv: Sequence[str] = (),
     ) -> None:
         self.c, self.cluster, self.run_id = c, cluster, run_id
+        self.compose_argv = compose_argv
         self.timeout, self.jobs, self.board = timeout, jobs, board
         self.root = Path(cluster.controller.path)
         self._processes: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def command(self, job: BuildJob) -> str:
-        docker = self.cluster.controller.docker
-        if docker is None:
-            return native_command(job, self.cluster.controller)
-        return docker_command(job, self.cluster.controller, docker, self.run_id, container_user())
+        controller = self.cluster.controller
+        if controller.docker is None:
+            return native_command(job, controller)
+        if isinstance(controller.docker, ComposeService):
+            ids = (os.geteuid(), os.getegid())
+            return compose_command(
+                job, controller, controller.docker, self.compose_argv, self.run_id, ids
+            )
+        return docker_command(job, controller, controller.docker, self.run_id, container_user())
 
     def run_all(self, jobs: Sequence[BuildJob]) -> list[JobResult]:
         """Every job to its end; on an interrupt, stop them all and re-raise."""

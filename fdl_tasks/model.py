@@ -34,6 +34,14 @@ Port = Annotated[int, "Port"]
 SshOption = Annotated[str, "SshOption"]
 #: An environment variable name.
 EnvName = Annotated[str, "EnvName"]
+#: A variable a worker's process gets at launch: not one the launcher owns.
+LaunchEnvName = Annotated[str, "LaunchEnvName"]
+#: A CUDA release such as ``12.8`` or ``12.6.3``.
+CudaRelease = Annotated[str, "CudaRelease"]
+#: A docker compose service name, flodl's ``controller.docker: cuda``.
+ServiceName = Annotated[str, "ServiceName"]
+#: flodl's host-RAM share for integrated GPUs: a finite, non-negative number.
+RamShare = Annotated[float, "RamShare"]
 
 #: The data path flodl uses when a host declares none.
 DEFAULT_DATA_PATH = "/flodl/data"
@@ -61,9 +69,22 @@ class DockerSettings:
     image: ImageTemplate
     workspace: MountPath = "/workspace"
     libtorch: MountPath = "/opt/libtorch"
-    cuda_version: str | None = None
+    cuda_version: CudaRelease | None = None
     run_args: tuple[str, ...] = ()
     env: Mapping[EnvName, EnvValue] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ComposeService:
+    """flodl's form, ``controller.docker: cuda``: build with ``docker compose run <service>``.
+
+    The project's compose file decides the image, the user and the mounts; it
+    mounts the project at ``/workspace`` and reads the variant from the
+    variables flodl sets (``LIBTORCH_HOST_PATH``, ``CUDA_VERSION``, ``CUDA_TAG``).
+    """
+
+    service: ServiceName
+    workspace: str = "/workspace"
 
 
 @attrs.frozen
@@ -73,7 +94,7 @@ class Controller:
     path: AbsPath
     arch: Arch | None = None
     data_path: AbsPath | None = None
-    docker: DockerSettings | None = None
+    docker: DockerSettings | ComposeService | None = None
     # flodl's own keys: accepted and carried for the launcher, unused here.
     host: Any = None
     port: Any = None
@@ -89,8 +110,10 @@ class Worker:
     arch: Arch | None = None
     data_path: AbsPath | None = None
     ssh: SshSettings = SshSettings()
-    env: Mapping[EnvName, EnvValue] = attrs.field(factory=dict)
+    env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)
+    gpu_ram_share: RamShare | None = None
     # flodl's own keys: accepted and carried for the launcher, unused here.
+    ranks: Any = None
     local_devices: Any = None
     nccl_socket_ifname: Any = None
     tunnel: Any = None
@@ -108,7 +131,8 @@ class Cluster:
 
     controller: Controller
     workers: tuple[Worker, ...] = ()
-    env: Mapping[EnvName, EnvValue] = attrs.field(factory=dict)
+    env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)
+    gpu_ram_share: RamShare | None = None
 
     def worker(self, label: str) -> Worker:
         """The worker called ``label``; a clear error listing the known ones otherwise."""

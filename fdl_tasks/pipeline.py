@@ -21,15 +21,18 @@ from fdl_tasks.builder import (
     StatusBoard,
     check_cargo,
     check_docker,
+    compose_images,
+    create_compose_networks,
     failure_report,
+    find_compose,
     project_lock,
     write_atomically,
 )
 from fdl_tasks.delivery import verify_delivery
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, encode
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Cluster, Worker
-from fdl_tasks.plan import RUN_LABEL, BuildJob, plan_builds
+from fdl_tasks.model import Cluster, ComposeService, DockerSettings, Worker
+from fdl_tasks.plan import RUN_LABEL, BuildJob, compose_environment, plan_builds
 from fdl_tasks.preflight import dry_run_lines, run_preflight
 from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
@@ -67,13 +70,32 @@ def resolve_crate_dir(
     return relative
 
 
-def check_tools(cluster: Cluster, jobs: Sequence[BuildJob]) -> None:
-    """Docker daemon and images, or cargo: checked before any build starts."""
-    docker = cluster.controller.docker
+def check_tools(cluster: Cluster, jobs: Sequence[BuildJob]) -> tuple[str, ...]:
+    """Docker daemon and images, compose and its service, or cargo: before any build.
+
+    Returns the compose command (``docker compose`` or ``docker-compose``) in compose mode.
+    """
+    controller = cluster.controller
+    docker = controller.docker
     if docker is None:
         check_cargo()
-    else:
-        check_docker(docker, [job.spec.image for job in jobs if job.spec.image])
+        return ()
+    if isinstance(docker, DockerSettings):
+        check_docker(
+            [job.spec.image for job in jobs if job.spec.image],
+            f"controller.docker.image is {docker.image!r}",
+        )
+        return ()
+    compose_argv = find_compose()
+    ids = (os.geteuid(), os.getegid())
+    environments = [compose_environment(controller.path, j.spec.arch, ids) for j in jobs]
+    check_docker(
+        compose_images(compose_argv, docker, controller.path, environments),
+        f"the images of compose service {docker.service!r}",
+    )
+    if environments:
+        create_compose_networks(compose_argv, docker, controller.path, environments[0])
+    return compose_argv
 
 
 def summary_lines(results: Sequence[JobResult], cluster: Cluster) -> list[str]:
@@ -94,26 +116,41 @@ def summary_lines(results: Sequence[JobResult], cluster: Cluster) -> list[str]:
     ]
 
 
+def _build_tool(cluster: Cluster, compose_argv: Sequence[str]) -> str:
+    if cluster.controller.docker is None:
+        return "native cargo"
+    return f"{' '.join(compose_argv)} run" if compose_argv else "docker run"
+
+
 def run_builds(
     c: Context,
     cluster: Cluster,
     settings: Settings,
     jobs: Sequence[BuildJob],
     say: Say,
-    tools_checked: bool = False,
+    compose_argv: tuple[str, ...] | None = None,
 ) -> list[JobResult]:
-    """Every build to its end, or every command printed under ``inv --dry``."""
+    """Every build to its end, or every command printed under ``inv --dry``.
+
+    ``compose_argv`` is :func:`check_tools`' answer when the caller already checked.
+    """
     run_id = secrets.token_hex(4)
+    if c.config.run.dry:
+        compose = isinstance(cluster.controller.docker, ComposeService)
+        compose_argv = find_compose() if compose else ()
+    elif compose_argv is None:
+        compose_argv = check_tools(cluster, jobs)
     with StatusBoard() as board:
-        builder = Builder(c, cluster, run_id, settings.build_timeout, settings.jobs, board)
+        builder = Builder(
+            c, cluster, run_id, settings.build_timeout, settings.jobs, board, compose_argv
+        )
         if c.config.run.dry:
             for job in jobs:
                 say(f"[{job.name}] {builder.command(job)}")
             return []
-        if not tools_checked:
-            check_tools(cluster, jobs)
         say(
-            f"prebuild: {len(jobs)} build(s), {min(settings.jobs, len(jobs))} at a time "
+            f"prebuild: {len(jobs)} build(s) with {_build_tool(cluster, compose_argv)}, "
+            f"{min(settings.jobs, len(jobs))} at a time "
             f"(run {run_id}: containers labelled {RUN_LABEL}={run_id})"
         )
         try:
@@ -152,13 +189,13 @@ def prebuild(
     with Fleet(remotes, settings, say) as fleet, ThreadPoolExecutor(1) as side:
         tools = side.submit(check_tools, cluster, jobs)  # local checks overlap the ssh probe
         report_preflight(run_preflight(cluster, label, settings, fleet, True, say), False, say)
-        tools.result()
+        compose_argv = tools.result()
         with project_lock(lock, say):
             # Withdraw the previous envelope first: if this run fails, nothing
             # may point a launcher at binaries that are now stale.
             envelope_path(cluster, settings).unlink(missing_ok=True)
             os.environ.pop(ENV_PREBUILD_PER_HOST, None)
-            run_builds(c, cluster, settings, jobs, say, tools_checked=True)
+            run_builds(c, cluster, settings, jobs, say, compose_argv)
             envelopes = {w.host: PerHostEnvelope.for_worker(w, command, crate) for w in remotes}
             if settings.verify:
                 root = Path(cluster.controller.path)

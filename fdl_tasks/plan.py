@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Arch, Controller, DockerSettings, Worker
+from fdl_tasks.model import Arch, ComposeService, Controller, DockerSettings, Worker
 from fdl_tasks.rules import (
     CLUSTER_TARGET,
     CUDA_TAG_FIELD,
     CUDA_VERSION_FIELD,
     PROFILE_DIR,
+    Cuda,
+    arch_cuda,
     arch_slug,
     binary_path,
     cargo_features,
-    cuda_version,
     join_path,
     libtorch_dir,
     require_arch,
@@ -72,26 +73,27 @@ class BuildJob:
 
 
 def resolve_image(docker: DockerSettings, arch: Arch) -> str:
-    """Fill ``{cuda_version}``/``{cuda_tag}`` from the arch, else the configured default.
+    """Fill ``{cuda_version}`` (``12.8.0``) and ``{cuda_tag}`` (``12.8``) as flodl names them.
 
-    The loader allows no other template field, so plain replacement is enough.
+    The arch gives the release, else ``cuda_version``; the loader allows no
+    other template field, so plain replacement is enough.
     """
     if CUDA_VERSION_FIELD not in docker.image and CUDA_TAG_FIELD not in docker.image:
         return docker.image
-    version = cuda_version(arch) or docker.cuda_version
-    if version is None:
+    cuda = arch_cuda(arch) or (Cuda.parse(docker.cuda_version) if docker.cuda_version else None)
+    if cuda is None:
         raise FdlError(
             f"image {docker.image!r} needs a CUDA version but arch {arch!r} encodes none: "
             "set controller.docker.cuda_version in cluster.yaml (e.g. '12.8')"
         )
-    return docker.image.replace(CUDA_VERSION_FIELD, version).replace(CUDA_TAG_FIELD, version)
+    return docker.image.replace(CUDA_VERSION_FIELD, cuda.version).replace(CUDA_TAG_FIELD, cuda.tag)
 
 
 def build_spec(
-    worker: Worker, docker: DockerSettings | None, command: str, crate_dir: str
+    worker: Worker, docker: DockerSettings | ComposeService | None, command: str, crate_dir: str
 ) -> BuildSpec:
     arch = require_arch(worker)
-    image = resolve_image(docker, arch) if docker else None
+    image = resolve_image(docker, arch) if isinstance(docker, DockerSettings) else None
     return BuildSpec(arch, cargo_features(arch), image, crate_dir, command)
 
 
@@ -102,7 +104,7 @@ def _shared_name(spec: BuildSpec) -> str:
 
 def plan_builds(
     workers: Iterable[Worker],
-    docker: DockerSettings | None,
+    docker: DockerSettings | ComposeService | None,
     command: str,
     crate_dir: str,
     shared: bool,
@@ -124,10 +126,9 @@ def plan_builds(
 
 
 def cargo_argv(spec: BuildSpec) -> list[str]:
-    argv = ["cargo", "build", "--release", "--bin", spec.command]
-    if spec.features:
-        argv += ["--features", ",".join(spec.features)]
-    return argv
+    """``cargo build --release [--features cuda] --bin <cmd>``, in flodl's order."""
+    features = ["--features", ",".join(spec.features)] if spec.features else []
+    return ["cargo", "build", "--release", *features, "--bin", spec.command]
 
 
 def container_name(run_id: str, job: BuildJob) -> str:
@@ -145,17 +146,7 @@ def docker_command(
     image = job.spec.image
     assert image is not None, "docker_command needs a job planned with docker settings"
     workspace = docker.workspace
-    argv = [
-        "docker",
-        "run",
-        "--rm",
-        "--name",
-        container_name(run_id, job),
-        "--label",
-        f"{RUN_LABEL}={run_id}",
-        "--label",
-        f"{JOB_LABEL}={job.name}",
-    ]
+    argv = ["docker", "run", "--rm", *_container_identity(run_id, job)]
     if user:
         argv += ["--user", user]
     argv += [
@@ -174,6 +165,74 @@ def docker_command(
         argv += ["-e", f"{name}={value}"]
     argv += [*docker.run_args, image, *cargo_argv(job.spec)]
     return shlex.join(argv)
+
+
+def _container_identity(run_id: str, job: BuildJob) -> list[str]:
+    """A name and the labels by which a run finds (and stops) its own containers."""
+    return [
+        "--name",
+        container_name(run_id, job),
+        "--label",
+        f"{RUN_LABEL}={run_id}",
+        "--label",
+        f"{JOB_LABEL}={job.name}",
+    ]
+
+
+#: What flodl passes for its ``dev`` (CPU) service's libtorch mount.
+COMPOSE_CPU_LIBTORCH = "./libtorch/precompiled/cpu"
+
+
+def compose_environment(root: str, arch: Arch, ids: tuple[int, int]) -> dict[str, str]:
+    """The variables flodl's compose file reads, exactly as flodl sets them, plus ``UID``/``GID``.
+
+    CUDA variables only when the arch encodes a release (as flodl); ``UID``
+    and ``GID`` because bash never exports ``UID`` and the file's
+    ``user: "${UID:-1000}:${GID:-1000}"`` should be the invoking user.
+    """
+    environment = {
+        "LIBTORCH_HOST_PATH": libtorch_dir(root, arch),
+        "LIBTORCH_CPU_PATH": COMPOSE_CPU_LIBTORCH,
+    }
+    cuda = arch_cuda(arch)
+    if cuda:
+        environment |= {"CUDA_VERSION": cuda.version, "CUDA_TAG": cuda.tag}
+    return environment | {"UID": str(ids[0]), "GID": str(ids[1])}
+
+
+def compose_command(
+    job: BuildJob,
+    controller: Controller,
+    compose: ComposeService,
+    compose_argv: Sequence[str],
+    run_id: str,
+    ids: tuple[int, int],
+) -> str:
+    """flodl's ``docker compose run --rm <service> bash -c 'cd … && CARGO_TARGET_DIR=… cargo …'``.
+
+    Run from the project root with flodl's variables set through env(1) (bash
+    treats ``UID=…`` as an assignment to its read-only variable); ``-T``, a
+    name and the run's labels are what fdl-tasks adds.
+    """
+    target = join_path(compose.workspace, job.target_dir)
+    inner = f"cd {shlex.quote(join_path(compose.workspace, job.spec.crate_dir))} && " + shlex.join(
+        [f"CARGO_TARGET_DIR={target}", *cargo_argv(job.spec)]
+    )
+    variables = compose_environment(controller.path, job.spec.arch, ids)
+    argv = [
+        "env",
+        *(f"{name}={value}" for name, value in variables.items()),
+        *compose_argv,
+        "run",
+        "--rm",
+        "-T",
+        *_container_identity(run_id, job),
+        compose.service,
+        "bash",
+        "-c",
+        inner,
+    ]
+    return f"cd {shlex.quote(controller.path)} && exec " + shlex.join(argv)
 
 
 def native_command(job: BuildJob, controller: Controller) -> str:

@@ -3,8 +3,8 @@
 Host keys are trusted on first use and remembered, like OpenSSH's
 ``StrictHostKeyChecking=accept-new``; a changed key is always an error.
 Each worker's ``ssh.options`` become an ssh_config block placed before the
-user's own ``~/.ssh/config``, so Fabric applies them exactly as it applies
-the user's file (first value wins, as in OpenSSH).
+user's own ``~/.ssh/config`` and the system's ``/etc/ssh/ssh_config``, so
+Fabric applies them exactly as OpenSSH would (first value wins).
 """
 
 from __future__ import annotations
@@ -140,6 +140,18 @@ def describe_failure(exc: BaseException, settings: Settings, worker: Worker) -> 
     return Failure(f"{type(exc).__name__} at {where}: {exc}".strip())
 
 
+def _read_config(path: str) -> str:
+    """An ssh_config file's text ('' if absent); read once per fan-out, not per host."""
+    if not path:
+        return ""
+    try:
+        return "\n" + Path(os.path.expanduser(path)).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FdlError(f"cannot read the ssh config {path}: {exc}") from None
+
+
 class Fleet:
     """Open Fabric connections to some workers; commands fan out in ThreadingGroups.
 
@@ -153,6 +165,9 @@ class Fleet:
         quiet_paramiko()
         self.settings = settings
         self.workers: dict[str, Worker] = {w.host: w for w in workers}
+        self._config_files = "".join(
+            _read_config(path) for path in (settings.ssh_config, settings.system_ssh_config)
+        )
         self.connections: dict[str, fabric.Connection] = {
             label: self._connect(w, warn) for label, w in self.workers.items()
         }
@@ -164,11 +179,7 @@ class Fleet:
                 f"{worker.host}: ssh option {key} is not supported by Fabric/paramiko "
                 "and is ignored"
             )
-        ssh_config = paramiko.SSHConfig.from_text(block)
-        user_config = Path(os.path.expanduser(self.settings.ssh_config))
-        if user_config.is_file():
-            with user_config.open(encoding="utf-8") as stream:
-                ssh_config.parse(stream)
+        ssh_config = paramiko.SSHConfig.from_text(block + self._config_files)
         connect_kwargs: dict[str, Any] = {
             "banner_timeout": self.settings.connect_timeout,
             "auth_timeout": self.settings.connect_timeout,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import attrs
+
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Arch, Cluster, Worker
 
@@ -21,6 +23,7 @@ PROFILE_DIR = "release"
 
 _SSH_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)(?:[ \t]*=[ \t]*|[ \t]+(?!=))(\S.*)")
 _CUDA = re.compile(r"cu(\d+)(\d)(?![0-9])")
+_CUDA_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 _COMMAND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _CRATE_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 
@@ -45,10 +48,27 @@ def cargo_features(arch: Arch) -> tuple[str, ...]:
     return () if arch.rsplit("/", 1)[-1] == "cpu" else ("cuda",)
 
 
-def cuda_version(arch: Arch) -> str | None:
-    """``precompiled/cu128`` → ``12.8``; source builds and ``cpu`` encode none."""
+@attrs.frozen
+class Cuda:
+    """A CUDA release as flodl names it: ``version`` has three parts, ``tag`` two."""
+
+    version: str
+    tag: str
+
+    @classmethod
+    def parse(cls, text: str) -> Cuda | None:
+        """``12.8`` → ``12.8.0`` / ``12.8``; ``12.6.3`` → ``12.6.3`` / ``12.6``."""
+        match = _CUDA_VERSION.fullmatch(text)
+        if match is None:
+            return None
+        major, minor, patch = match.groups()
+        return cls(f"{major}.{minor}.{patch or 0}", f"{major}.{minor}")
+
+
+def arch_cuda(arch: Arch) -> Cuda | None:
+    """``precompiled/cu128`` → CUDA 12.8(.0); source builds and ``cpu`` encode none."""
     match = _CUDA.match(arch.rsplit("/", 1)[-1])
-    return f"{int(match.group(1))}.{match.group(2)}" if match else None
+    return Cuda.parse(f"{int(match.group(1))}.{match.group(2)}") if match else None
 
 
 def check_command(name: str) -> str:

@@ -21,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "controller_host": "",
     "known_hosts": "~/.ssh/known_hosts",
     "ssh_config": "~/.ssh/config",
+    "system_ssh_config": "/etc/ssh/ssh_config",
     "connect_timeout": 5.0,
     "probe_timeout": 20.0,
     "build_jobs": 0,
@@ -42,6 +43,7 @@ class Settings:
     controller_host: str
     known_hosts: str
     ssh_config: str
+    system_ssh_config: str
     connect_timeout: float
     probe_timeout: float
     build_jobs: int

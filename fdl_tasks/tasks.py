@@ -210,7 +210,10 @@ def launch(
             )
         return
     with Fleet(remotes, settings, say) as fleet:
-        failed = launch_all(fleet, cluster, envelopes, args)
+        try:
+            failed = launch_all(fleet, cluster, envelopes, args)
+        except KeyboardInterrupt:
+            raise FdlError(f"interrupted: {cmd} was stopped on every host") from None
     if failed:
         raise FdlError("launch failed on " + ", ".join(f"{h} ({why})" for h, why in failed.items()))
     say(f"launch: {cmd} finished on {len(remotes)} host(s)")

@@ -1,8 +1,9 @@
-"""The embedded demo rig that ``cluster.yaml`` at the repository root describes.
+"""The embedded demo rig that ``fdl.cluster.yml`` (and ``cluster.yaml``) at the root describe.
 
-``python3 -m rig.demo up`` makes the project tree (the fixture workspace and
-four stub libtorch variants) and starts four simulated workers, each a real
-sshd on its own loopback address; ``down`` stops them.
+``python3 -m rig.demo up`` makes a flodl-shaped project tree (the fixture
+workspace, four stub libtorch variants, and a ``docker-compose.yml`` with
+flodl's ``dev`` and ``cuda`` services) and starts four simulated workers,
+each a real sshd on its own loopback address; ``down`` stops them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import os
 from pathlib import Path
 
-from rig.project import make_project
+from rig.project import make_project, write_compose_file
 from rig.sshrig import HostSpec, Rig
 
 DEMO = Path("/var/tmp/fdl-demo")
@@ -28,6 +29,7 @@ VARIANTS = ("precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu", "precom
 
 def up() -> None:
     make_project(PROJECT, VARIANTS)
+    write_compose_file(PROJECT)
     (PROJECT / "data").mkdir(exist_ok=True)
     pascal_view = DEMO / "mnt" / "pascal"
     pascal_view.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,8 @@ __all__ = [
     "ensure_dockerd",
     "image_exists",
     "rootfs_tarball",
+    "toolchain_env",
+    "toolchain_mounts",
     "toolchain_run_args",
 ]
 
@@ -324,51 +326,51 @@ def _active_toolchain(rustup_home: Path) -> str:
     raise RuntimeError(f"cannot find an installed rust toolchain under {rustup_home}")
 
 
-def toolchain_run_args() -> list[str]:
-    """Extra ``docker run`` arguments that make the host's cargo usable in the image.
+def toolchain_mounts() -> list[str]:
+    """``SOURCE:TARGET:ro`` volumes that bring the host's Rust toolchain into a container.
 
-    * host ``~/.rustup`` -> ``/opt/rustup`` and ``~/.cargo`` -> ``/opt/cargo``,
-      both read-only (outside ``/root`` so any ``--user`` can traverse them);
-    * ``PATH`` starts with the active toolchain's own ``bin`` so ``cargo`` and
-      ``rustc`` resolve without going through the rustup proxies; the proxies
-      (``/opt/cargo/bin``) follow as a fallback with ``RUSTUP_HOME`` and
-      ``RUSTUP_TOOLCHAIN`` set;
-    * ``CARGO_HOME`` is a writable directory under ``/tmp`` and ``HOME=/tmp``,
-      so a non-root ``--user UID:GID`` without a passwd entry works too.
+    Host ``~/.rustup`` -> ``/opt/rustup`` and ``~/.cargo`` -> ``/opt/cargo``,
+    outside ``/root`` so that any ``--user`` can traverse them.
     """
     rustup_home = _host_rustup_home()
     cargo_home = _host_cargo_home()
     if not (rustup_home / "toolchains").is_dir():
         raise RuntimeError(f"no rustup toolchains under {rustup_home}")
-    toolchain = _active_toolchain(rustup_home)
-    tc_bin = f"{CONTAINER_RUSTUP_HOME}/toolchains/{toolchain}/bin"
-    path = f"{tc_bin}:{CONTAINER_CARGO_BIN}/bin:{_SYSTEM_PATH}"
-    args = [
-        "-v",
-        f"{rustup_home.resolve()}:{CONTAINER_RUSTUP_HOME}:ro",
-    ]
+    mounts = [f"{rustup_home.resolve()}:{CONTAINER_RUSTUP_HOME}:ro"]
     if cargo_home.is_dir():
-        args += ["-v", f"{cargo_home.resolve()}:{CONTAINER_CARGO_BIN}:ro"]
-    args += [
-        "-e",
-        f"RUSTUP_HOME={CONTAINER_RUSTUP_HOME}",
-        "-e",
-        f"RUSTUP_TOOLCHAIN={toolchain}",
-        "-e",
-        f"CARGO_HOME={CONTAINER_CARGO_HOME}",
-        "-e",
-        f"HOME={CONTAINER_HOME}",
-        "-e",
-        f"PATH={path}",
-        # The toolchain is offline; make sure cargo never tries the network.
-        "-e",
-        "CARGO_NET_OFFLINE=true",
-    ]
-    return args
+        mounts.append(f"{cargo_home.resolve()}:{CONTAINER_CARGO_BIN}:ro")
+    return mounts
+
+
+def toolchain_env() -> dict[str, str]:
+    """The environment that makes the mounted toolchain work for any user, offline.
+
+    ``PATH`` starts with the active toolchain's own ``bin`` (no rustup proxy
+    needed); ``CARGO_HOME`` and ``HOME`` are writable directories under
+    ``/tmp``, so a ``--user UID:GID`` without a passwd entry works too.
+    """
+    toolchain = _active_toolchain(_host_rustup_home())
+    tc_bin = f"{CONTAINER_RUSTUP_HOME}/toolchains/{toolchain}/bin"
+    return {
+        "RUSTUP_HOME": CONTAINER_RUSTUP_HOME,
+        "RUSTUP_TOOLCHAIN": toolchain,
+        "CARGO_HOME": CONTAINER_CARGO_HOME,
+        "HOME": CONTAINER_HOME,
+        "PATH": f"{tc_bin}:{CONTAINER_CARGO_BIN}/bin:{_SYSTEM_PATH}",
+        "CARGO_NET_OFFLINE": "true",
+    }
+
+
+def toolchain_run_args() -> list[str]:
+    """:func:`toolchain_mounts` and :func:`toolchain_env` as ``docker run`` arguments."""
+    args = [f"--volume={mount}" for mount in toolchain_mounts()]
+    return args + [f"--env={name}={value}" for name, value in toolchain_env().items()]
 
 
 #: Tags the demo and the tests use: one per CUDA version their arches encode.
 RIG_TAGS = ("12.8", "12.6", "11.8")
+#: The names flodl's docker-compose.yml gives its images; the rig tags its builder so.
+FLODL_CUDA_IMAGE, FLODL_DEV_IMAGE = "flodl-cuda", "flodl-dev"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -380,7 +382,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.parse_args(argv)
     ensure_dockerd()
     ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
-    print(f"docker builder image {BUILDER_IMAGE}:{{{','.join(RIG_TAGS)}}} ready")
+    ensure_builder_image(FLODL_CUDA_IMAGE, RIG_TAGS)
+    ensure_builder_image(FLODL_DEV_IMAGE)
+    print(
+        f"docker builder image {BUILDER_IMAGE}:{{{','.join(RIG_TAGS)}}} ready, also as "
+        f"{FLODL_CUDA_IMAGE}:{{...}} and {FLODL_DEV_IMAGE} for the compose project"
+    )
     return 0
 
 

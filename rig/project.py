@@ -26,6 +26,7 @@ __all__ = [
     "break_variant",
     "libtorch_dir",
     "make_project",
+    "write_compose_file",
 ]
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixture"
@@ -138,3 +139,50 @@ def make_project(
     if owner is not None:
         _chown_tree(root, *owner)
     return root
+
+
+def _compose_service(image: str, libtorch_volume: str, **extra: object) -> dict[str, object]:
+    from rig.docker_builder import toolchain_env, toolchain_mounts
+
+    return {
+        "image": image,
+        "user": "${UID:-1000}:${GID:-1000}",
+        "volumes": [
+            ".:/workspace",
+            f"{libtorch_volume}:/usr/local/libtorch:ro",
+            *toolchain_mounts(),
+        ],
+        "working_dir": "/workspace",
+        "environment": {
+            "LIBTORCH_PATH": "/usr/local/libtorch",
+            # Lets fault tests keep a build in flight (see the fixture's build.rs).
+            "FDL_FIXTURE_BUILD_SLEEP": "${FDL_FIXTURE_BUILD_SLEEP:-0}",
+            **toolchain_env(),
+        },
+        **extra,
+    }
+
+
+def write_compose_file(root: Path) -> Path:
+    """A ``docker-compose.yml`` shaped like flodl's: its ``dev`` and ``cuda`` services.
+
+    Same image names (the rig tags its builder image ``flodl-cuda:<tag>`` and
+    ``flodl-dev``), the same ``user``, workspace and libtorch mounts and the
+    same variables (``CUDA_TAG``, ``LIBTORCH_HOST_PATH``, ``LIBTORCH_CPU_PATH``,
+    ``UID``/``GID``). What differs: no ``build:`` (flodl's Dockerfiles need the
+    network), no GPU reservation (no GPU here), cargo caches left out, and the
+    host's Rust toolchain mounted read-only because the rig image has none.
+    """
+    import yaml
+
+    services = {
+        "dev": _compose_service("flodl-dev", "${LIBTORCH_CPU_PATH:-./libtorch/precompiled/cpu}"),
+        "cuda": _compose_service(
+            "flodl-cuda:${CUDA_TAG:-12.8}",
+            "${LIBTORCH_HOST_PATH:-./libtorch/precompiled/cu128}",
+            network_mode="host",
+        ),
+    }
+    path = Path(root) / "docker-compose.yml"
+    path.write_text(yaml.safe_dump({"services": services}, sort_keys=False), encoding="utf-8")
+    return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from subprocess import CompletedProcess
 
@@ -100,10 +101,14 @@ def test_controller_label_from_env_and_option(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(p.name for p in (DATA / "bad").iterdir()))
 def test_bad_cluster_files_through_inv(tmp_path: Path, name: str) -> None:
     root = project(tmp_path, ROOT_TASKS)
+    started = time.monotonic()
     done = inv(root, "preflight", "--cluster-file", str(DATA / "bad" / name))
     assert done.returncode == 1
     assert done.stderr.startswith("fdl: ") and str(DATA / "bad" / name) in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+    # one short paragraph, quickly, whatever the file holds ("billion laughs", 10 kB values)
+    assert len(done.stderr) < 1500 and done.stderr.count("\n") == 1
+    assert time.monotonic() - started < 20
 
 
 def test_bad_setting_and_unknown_host(tmp_path: Path) -> None:

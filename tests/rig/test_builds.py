@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -20,14 +19,11 @@ import pytest
 
 from fdl_tasks.envelope import decode
 from fdl_tasks.loader import load_cluster
+from fdl_tasks.model import DockerSettings
 from fdl_tasks.plan import docker_command, plan_builds
-from rig.docker_builder import (
-    BUILDER_IMAGE,
-    toolchain_run_args,
-)
 from rig.project import add_variant, break_variant
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, start_rig
+from tests.rig.conftest import RigCluster, docker_settings, run_on_host, start_rig
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
@@ -62,14 +58,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
         yield cluster
 
 
-def docker_settings() -> dict[str, Any]:
-    return {
-        "image": f"{BUILDER_IMAGE}:{{cuda_tag}}",
-        "cuda_version": "12.8",
-        "run_args": toolchain_run_args(),
-    }
-
-
 def workers(rig: RigCluster, archs: dict[str, str] | None = None) -> list[dict[str, Any]]:
     archs = archs or ARCHS
     entries = [
@@ -86,20 +74,6 @@ def workers(rig: RigCluster, archs: dict[str, str] | None = None) -> list[dict[s
             entry["path"] = str(rig.root / "mnt-pascal")
         entries.append(entry)
     return entries
-
-
-def run_on_host(rig: RigCluster, host: str, worker_path: str, entry: Any) -> str:
-    """What the launcher does, by hand, over the host's own sshd."""
-    command = (
-        f"cd {shlex.quote(worker_path + '/' + entry.cwd_subpath)} && "
-        f"LD_LIBRARY_PATH={shlex.quote(entry.ld_library_path)} "
-        f"{shlex.quote(worker_path + '/' + entry.bin)}"
-    )
-    done = subprocess.run(
-        rig.rig.ssh_argv(host, command), capture_output=True, text=True, timeout=30, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()[0]
 
 
 def assert_runs_everywhere(rig: RigCluster, stdout: str, archs: dict[str, str]) -> None:
@@ -220,6 +194,17 @@ def test_missing_image_fails_before_any_build(rig: RigCluster) -> None:
     assert "Compiling" not in done.stderr
 
 
+def test_docker_api_error_is_one_clean_message(rig: RigCluster) -> None:
+    """The daemon refuses an upper-case reference with a 400 (an APIError, not ImageNotFound)."""
+    settings = {**docker_settings(), "image": "FDL-Upper:{cuda_tag}"}
+    path = rig.write(workers(rig), "upper.yaml", docker=settings)
+    done = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("fdl: the Docker daemon refused to look up image 'FDL-Upper:")
+    assert "must be lowercase" in last and "Traceback" not in done.stderr
+
+
 def docker_ps_all() -> list[str]:
     out = subprocess.run(
         ["docker", "ps", "-a", "-q", "--filter", "label=fdl-tasks.run"],
@@ -238,7 +223,7 @@ def test_docker_build_as_a_non_root_user_leaves_no_root_files(rig: RigCluster) -
     """
     cluster = load_cluster(rig.write(workers(rig), "user.yaml", docker=docker_settings()))
     docker = cluster.controller.docker
-    assert docker is not None
+    assert isinstance(docker, DockerSettings)
     job = plan_builds([cluster.worker("ada")], docker, "ddp-bench", "ddp-bench", False)[0]
     target = rig.project / job.target_dir
     shutil.rmtree(target, ignore_errors=True)

@@ -14,18 +14,16 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from fdl_tasks.envelope import decode
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, start_rig
-from tests.rig.test_builds import docker_settings
+from tests.rig.conftest import RigCluster, Running, docker_settings, start_rig
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
@@ -67,43 +65,6 @@ def cluster(rig: RigCluster, name: str, docker: bool, sleep: float = 0) -> Path:
     return rig.write(workers, name, **controller)
 
 
-class Running:
-    """A real ``inv`` in the background whose stderr is collected as it comes."""
-
-    started: ClassVar[list[Running]] = []
-
-    def __init__(self, rig: RigCluster, *args: str, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "invoke", *args],
-            cwd=rig.root,
-            env=rig.environment(env),
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        self.stderr = ""
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        Running.started.append(self)
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.stderr += line
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert self.process.poll() is None, self.stderr
-            assert time.monotonic() < deadline, self.stderr
-            time.sleep(0.1)
-
-    def finish(self, timeout: float = 120) -> int:
-        code = self.process.wait(timeout=timeout)
-        self._reader.join(timeout=10)
-        return code
-
-
 def run_containers(run: Running, running: bool = False) -> list[str]:
     """The containers of that run (other runs may share the daemon)."""
     match = re.search(r"\(run ([0-9a-f]+):", run.stderr)
@@ -125,14 +86,19 @@ def run_containers(run: Running, running: bool = False) -> list[str]:
     return out.split()
 
 
-def build_processes() -> list[str]:
-    out = subprocess.run(
-        ["pgrep", "-af", "build-script-build|cargo build --release"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
+def build_processes(project: Path) -> list[str]:
+    """cargo and build scripts working on this rig's project (not other builds on the machine)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            cwd = os.readlink(entry / "cwd")
+        except (OSError, ValueError):
+            continue
+        ours = str(project) in argv or cwd.startswith(str(project))
+        if ours and ("build-script-build" in argv or argv.startswith("cargo build --release")):
+            found.append(argv)
+    return found
 
 
 def test_sigint_stops_every_build_container(rig: RigCluster) -> None:
@@ -158,14 +124,14 @@ def test_sigterm_stops_native_cargo_and_its_children(rig: RigCluster) -> None:
         str(path),
         env={"FDL_FIXTURE_BUILD_SLEEP": "60"},
     )
-    run.wait_for(lambda: len(build_processes()) >= 2)
+    run.wait_for(lambda: len(build_processes(rig.project)) >= 2)
     run.process.send_signal(signal.SIGTERM)
     assert run.finish() != 0
     assert "interrupted" in run.stderr
     deadline = time.monotonic() + 10
-    while build_processes() and time.monotonic() < deadline:
+    while build_processes(rig.project) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert build_processes() == []
+    assert build_processes(rig.project) == []
     assert not (rig.project / ENVELOPE).exists()
 
 

@@ -159,3 +159,23 @@ def test_dry_run_prints_probes_and_contacts_nobody(rig: RigCluster) -> None:
     assert "[down] ssh root@127.0.0.37:2222" in done.stderr
     assert done.stdout == ""
     assert (rig.known_hosts.read_text() if rig.known_hosts.exists() else "") == before
+
+
+def test_system_ssh_config_is_honoured(rig: RigCluster) -> None:
+    """Like OpenSSH (and Fabric's own loading), /etc/ssh/ssh_config applies after ~/.ssh/config."""
+    entry = rig.rig.ssh_entry("plain")
+    system = rig.root / "system_ssh_config"
+    system.write_text(
+        "Host plain-alias\n"
+        f"    HostName {entry['target']}\n    Port {entry['port']}\n"
+        f"    User {entry['user']}\n    IdentityFile {entry['identity_file']}\n"
+    )
+    worker = {**rig.worker("plain"), "host": "plain-alias"}
+    del worker["ssh"]
+    path = rig.write([worker], "system.yaml")
+    unset = rig.inv("preflight", "--json", "--cluster-file", str(path), env=TIMEOUTS)
+    assert "unreachable" in problems(verdicts(unset.stdout)["plain-alias"])
+    env = {**TIMEOUTS, "INVOKE_FDL_SYSTEM_SSH_CONFIG": str(system)}
+    done = rig.inv("preflight", "--json", "--cluster-file", str(path), env=env)
+    assert done.returncode == 0, done.stderr
+    assert verdicts(done.stdout)["plain-alias"]["status"] == "ok"

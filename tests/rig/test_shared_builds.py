@@ -11,8 +11,7 @@ import pytest
 
 from fdl_tasks.envelope import decode
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, start_rig
-from tests.rig.test_builds import docker_settings, run_on_host
+from tests.rig.conftest import RigCluster, docker_settings, run_on_host, start_rig
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 

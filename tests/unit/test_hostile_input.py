@@ -36,11 +36,11 @@ from fdl_tasks.plan import docker_command, native_command, plan_builds
 from fdl_tasks.probe import ProbeRequest, parse_facts
 from fdl_tasks.remote import HONOURED_OPTIONS, ssh_config_block
 from fdl_tasks.rules import (
+    arch_cuda,
     binary_path,
     cargo_features,
     check_command,
     check_crate_dir,
-    cuda_version,
     join_path,
     target_dir,
 )
@@ -245,7 +245,7 @@ def _docker(data: dict[str, Any]) -> dict[str, Any]:
 
 def _dk(cluster: Cluster) -> DockerSettings:
     docker = cluster.controller.docker
-    assert docker is not None
+    assert isinstance(docker, DockerSettings)
     return docker
 
 
@@ -574,7 +574,7 @@ def sandbox(bin_dir: Path) -> Iterator[Sandbox]:
 
 def cargo_tail(command: str, arch: str) -> list[str]:
     features = ["--features", "cuda"] if cargo_features(arch) else []
-    return ["cargo", "build", "--release", "--bin", command, *features]
+    return ["cargo", "build", "--release", *features, "--bin", command]
 
 
 @settings(max_examples=60, deadline=None)
@@ -660,13 +660,14 @@ def test_docker_command_argv_is_exactly_the_raw_values(
             }
         )
         assume(cluster is not None)
-        assert cluster is not None and cluster.controller.docker is not None
+        assert cluster is not None and isinstance(cluster.controller.docker, DockerSettings)
         crate_dir = check_crate_dir(crate)
         (job,) = plan_builds(cluster.workers, cluster.controller.docker, command, crate_dir, True)
         calls, _ = box.run(
             docker_command(job, cluster.controller, cluster.controller.docker, "r1", user)
         )
-        version = cuda_version(arch) or "12.8"
+        cuda = arch_cuda(arch)
+        version = cuda.tag if cuda else "12.8"
         expected_image = before + (version if templated else "") + after
         ws = "/" + workspace
         expected = [
@@ -744,9 +745,7 @@ def check_launch(
     assert rest[: int(argc)] == list(args)
     seen = dict(item.split("=", 1) for item in rest[int(argc) :] if "=" in item)
     library = f"{path.rstrip('/')}/libtorch/{arch}/lib"
-    environment = {**cluster_env, **worker_env}
-    extra = environment.get("LD_LIBRARY_PATH")
-    environment["LD_LIBRARY_PATH"] = f"{library}:{extra}" if extra else library
+    environment = {"LD_LIBRARY_PATH": library, **cluster_env, **worker_env}
     for name, value in environment.items():
         assert seen.get(name) == value, name
     return True

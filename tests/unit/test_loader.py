@@ -8,7 +8,7 @@ import pytest
 
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import load_cluster, parse_cluster
-from fdl_tasks.model import DEFAULT_DATA_PATH
+from fdl_tasks.model import DEFAULT_DATA_PATH, DockerSettings
 from tests.conftest import DATA
 
 FULL = """
@@ -44,7 +44,7 @@ env: {NCCL_DEBUG: INFO}
 
 def test_full_file_is_structured(write_cluster):  # type: ignore[no-untyped-def]
     cluster = load_cluster(write_cluster(FULL))
-    assert cluster.controller.docker is not None
+    assert isinstance(cluster.controller.docker, DockerSettings)
     assert cluster.controller.docker.run_args == ("--gpus", "all")
     assert cluster.controller.docker.workspace == "/workspace"
     assert cluster.controller.host == "ctrl"
@@ -89,6 +89,11 @@ BAD_FILES = {
     "env_value_list.yaml": ["env['NCCL_DEBUG']", "expected a string or a number"],
     "relative_path.yaml": ["workers[0].path", "expected an absolute path"],
     "docker_unknown.yaml": ["controller.docker", "unknown key(s) mounts"],
+    "billion_laughs.yaml": ["expands to more than 100000 values"],
+    "duplicate_key.yaml": ["line 4", "key 'controller' is given twice", "lines 1 and 4"],
+    "reserved_env.yaml": ["workers[0].env['CUDA_VISIBLE_DEVICES']", "is reserved"],
+    "ram_share.yaml": ["workers[0].gpu_ram_share", "non-negative fraction", "-0.5"],
+    "long_value.yaml": ["workers[0].host", "'a/a/a/a/", "…"],
 }
 
 

@@ -8,8 +8,14 @@ import pytest
 
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
-from fdl_tasks.model import Cluster, DockerSettings
-from fdl_tasks.plan import docker_command, native_command, plan_builds, resolve_image
+from fdl_tasks.model import Cluster, ComposeService, DockerSettings
+from fdl_tasks.plan import (
+    compose_command,
+    docker_command,
+    native_command,
+    plan_builds,
+    resolve_image,
+)
 
 
 def cluster(archs: dict[str, str], docker: dict[str, object] | None = None) -> Cluster:
@@ -22,11 +28,13 @@ def cluster(archs: dict[str, str], docker: dict[str, object] | None = None) -> C
 
 def test_image_template() -> None:
     docker = DockerSettings(image="flodl:{cuda_tag}-v{cuda_version}")
-    assert resolve_image(docker, "precompiled/cu126") == "flodl:12.6-v12.6"
+    assert resolve_image(docker, "precompiled/cu126") == "flodl:12.6-v12.6.0"
     with pytest.raises(FdlError, match="cuda_version"):
         resolve_image(docker, "builds/sm61-sm120")
     fallback = DockerSettings(image="flodl:{cuda_tag}", cuda_version="12.8")
     assert resolve_image(fallback, "precompiled/cpu") == "flodl:12.8"
+    patch = DockerSettings(image="nvidia/cuda:{cuda_version}|{cuda_tag}", cuda_version="12.6.3")
+    assert resolve_image(patch, "builds/sm61-sm120") == "nvidia/cuda:12.6.3|12.6"
 
 
 def test_per_host_plan_has_one_job_per_host() -> None:
@@ -63,7 +71,7 @@ def test_docker_command_is_quoted_and_complete() -> None:
         {"a": "precompiled/cu128"},
         {"image": "flodl:{cuda_tag}", "env": {"X": "a b"}, "run_args": ["--gpus", "all"]},
     )
-    assert c.controller.docker is not None
+    assert isinstance(c.controller.docker, DockerSettings)
     job = plan_builds(c.workers, c.controller.docker, "bench", "ddp-bench", False)[0]
     argv = shlex.split(docker_command(job, c.controller, c.controller.docker, "r1", "1000:1000"))
     assert argv[:3] == ["docker", "run", "--rm"]
@@ -84,10 +92,10 @@ def test_docker_command_is_quoted_and_complete() -> None:
         "cargo",
         "build",
         "--release",
-        "--bin",
-        "bench",
         "--features",
         "cuda",
+        "--bin",
+        "bench",
     ]
 
 
@@ -101,3 +109,77 @@ def test_native_command() -> None:
         "'CARGO_TARGET_DIR=/srv/my proj/target/cluster/a/precompiled-cpu' "
         "cargo build --release --bin bench"
     )
+
+
+FLODL_INNER = (
+    "cd /workspace/ddp-bench && CARGO_TARGET_DIR=/workspace/target/cluster/{target} "
+    "cargo build --release {features}--bin ddp-bench"
+)
+
+
+def compose_job(arch: str) -> tuple[list[str], dict[str, str], Cluster]:
+    """The rendered compose command split into (compose argv, its environment, cluster)."""
+    c = parse_cluster(
+        {
+            "controller": {"path": "/srv/proj", "docker": "cuda"},
+            "workers": [{"host": "node-b", "path": "/mnt/p", "arch": arch}],
+        },
+        "c.yaml",
+    )
+    assert isinstance(c.controller.docker, ComposeService)
+    job = plan_builds(c.workers, c.controller.docker, "ddp-bench", "ddp-bench", False)[0]
+    line = compose_command(
+        job, c.controller, c.controller.docker, ["docker", "compose"], "r1", (7, 8)
+    )
+    prefix, _, rest = line.partition(" && exec ")
+    assert prefix == "cd /srv/proj"  # flodl runs compose from the project root
+    argv = shlex.split(rest)
+    assert argv[0] == "env"
+    split = argv.index("docker")
+    return argv[split:], dict(a.split("=", 1) for a in argv[1:split]), c
+
+
+@pytest.mark.parametrize(
+    ("variable", "arch", "value"),
+    [
+        ("LIBTORCH_HOST_PATH", "precompiled/cu128", "/srv/proj/libtorch/precompiled/cu128"),
+        ("LIBTORCH_CPU_PATH", "precompiled/cu128", "./libtorch/precompiled/cpu"),
+        ("CUDA_VERSION", "precompiled/cu128", "12.8.0"),
+        ("CUDA_VERSION", "precompiled/cu118", "11.8.0"),
+        ("CUDA_TAG", "precompiled/cu126", "12.6"),
+        ("CUDA_VERSION", "builds/sm61-sm120", None),  # flodl sets none: compose defaults
+        ("CUDA_TAG", "precompiled/cpu", None),
+        ("UID", "precompiled/cpu", "7"),
+        ("GID", "precompiled/cpu", "8"),
+    ],
+)
+def test_compose_environment_matches_flodl(variable: str, arch: str, value: str | None) -> None:
+    _, environment, _ = compose_job(arch)
+    assert environment.get(variable) == value
+
+
+@pytest.mark.parametrize(
+    ("arch", "features"), [("precompiled/cu128", "--features cuda "), ("precompiled/cpu", "")]
+)
+def test_compose_command_runs_flodls_inner_script(arch: str, features: str) -> None:
+    argv, _, _ = compose_job(arch)
+    slug = arch.replace("/", "-")
+    assert argv[:6] == ["docker", "compose", "run", "--rm", "-T", "--name"]
+    assert argv[argv.index("--label") : argv.index("--label") + 2] == [
+        "--label",
+        "fdl-tasks.run=r1",
+    ]
+    assert argv[-4:] == [
+        "cuda",
+        "bash",
+        "-c",
+        FLODL_INNER.format(target=f"node-b/{slug}", features=features),
+    ]
+
+
+def test_compose_v1_is_the_same_command() -> None:
+    c = compose_job("precompiled/cu128")[2]
+    assert isinstance(c.controller.docker, ComposeService)
+    job = plan_builds(c.workers, c.controller.docker, "ddp-bench", "ddp-bench", False)[0]
+    v1 = compose_command(job, c.controller, c.controller.docker, ["docker-compose"], "r1", (7, 8))
+    assert " docker-compose run --rm -T " in v1

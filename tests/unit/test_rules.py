@@ -8,13 +8,13 @@ from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.rules import (
+    arch_cuda,
     arch_slug,
     binary_path,
     cargo_features,
     check_command,
     check_crate_dir,
     controller_label,
-    cuda_version,
     remote_workers,
     require_arch,
     target_dir,
@@ -36,7 +36,9 @@ from fdl_tasks.rules import (
 def test_arch_rules(arch: str, slug: str, features: tuple[str, ...], cuda: str | None) -> None:
     assert arch_slug(arch) == slug
     assert cargo_features(arch) == features
-    assert cuda_version(arch) == cuda
+    found = arch_cuda(arch)
+    assert (found.tag if found else None) == cuda
+    assert (found.version if found else None) == (f"{cuda}.0" if cuda else None)
 
 
 def test_target_dir_is_keyed_by_host_and_arch() -> None:

@@ -75,21 +75,27 @@ def test_launch_command_orders_env_and_quotes() -> None:
     entry = PerHostEnvelope(
         "target/x/release/bench", "/mnt/p/libtorch/precompiled/cu128/lib", "ddp-bench"
     )
-    argv = shlex.split(launch_command(WORKER, entry, {"X": "cluster", "Y": "c"}, ["--a", "b c"]))
-    assert argv[:4] == ["cd", "/mnt/p/ddp-bench", "&&", "export"]
-    assert argv[4:8] == [
+    lines = launch_command(WORKER, entry, {"X": "cluster", "Y": "c"}, ["--a", "b c"]).splitlines()
+    assert lines[0] == "cd /mnt/p/ddp-bench || exit 1"
+    assert shlex.split(lines[1]) == [
+        "export",
         "X=w",
         "Y=c",
         "NCCL_DEBUG=WARN",
         "LD_LIBRARY_PATH=/mnt/p/libtorch/precompiled/cu128/lib",
     ]
-    assert argv[8:] == ["&&", "exec", "/mnt/p/target/x/release/bench", "--a", "b c"]
+    assert "/mnt/p/target/x/release/bench --a 'b c' &" in lines
 
 
-def test_worker_library_path_is_appended_after_the_envelopes() -> None:
+def test_worker_library_path_is_used_as_given() -> None:
+    """flodl's rule: an explicit LD_LIBRARY_PATH in a worker's or the cluster's env wins."""
     worker = Worker("b", "/p", env={"LD_LIBRARY_PATH": "/usr/local/lib"})
     command = launch_command(worker, PerHostEnvelope("bin", "/p/lib"), {}, [])
-    assert "LD_LIBRARY_PATH=/p/lib:/usr/local/lib" in command
+    assert "export LD_LIBRARY_PATH=/usr/local/lib\n" in command and "/p/lib" not in command
+    from_cluster = launch_command(
+        Worker("b", "/p"), PerHostEnvelope("bin", "/p/lib"), {"LD_LIBRARY_PATH": "/c"}, []
+    )
+    assert "export LD_LIBRARY_PATH=/c\n" in from_cluster
 
 
 def test_check_envelopes() -> None:
