@@ -9,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fdl_tasks.builder import PrefixedLines, sigterm_as_interrupt
+from fdl_tasks.console import PrefixedLines
 from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.remote import Fleet, describe_failure
 from fdl_tasks.rules import check_command, join_path

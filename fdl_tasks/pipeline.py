@@ -15,22 +15,18 @@ from pathlib import Path
 
 from invoke.context import Context
 
-from fdl_tasks.builder import (
-    Builder,
-    JobResult,
-    StatusBoard,
-    check_cargo,
+from fdl_tasks.builder import Builder, JobResult, check_cargo, failure_report
+from fdl_tasks.console import StatusBoard, format_table
+from fdl_tasks.containers import (
     check_docker,
     compose_images,
     create_compose_networks,
-    failure_report,
     find_compose,
-    project_lock,
-    write_atomically,
 )
 from fdl_tasks.delivery import verify_delivery
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, encode
 from fdl_tasks.errors import FdlError
+from fdl_tasks.files import project_lock, write_atomically
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings, Worker
 from fdl_tasks.plan import RUN_LABEL, BuildJob, compose_environment, plan_builds
 from fdl_tasks.preflight import dry_run_lines, run_preflight
@@ -109,11 +105,7 @@ def summary_lines(results: Sequence[JobResult], cluster: Cluster) -> list[str]:
         rows += [
             (host, job.spec.arch, build, state, f"{result.seconds:.1f}", log) for host in job.hosts
         ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    return format_table(rows)
 
 
 def _build_tool(cluster: Cluster, compose_argv: Sequence[str]) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 
-from fdl_tasks.builder import JobResult, PrefixedLines, StatusBoard
+from fdl_tasks.builder import JobResult
+from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.plan import BuildJob, BuildSpec
 
 
