@@ -12,7 +12,9 @@ import json
 from collections.abc import Mapping
 
 import attrs
+from cattrs.gen import make_dict_unstructure_fn, override
 
+from fdl_tasks.converter import CONVERTER, IGNORE_EXTRA_KEYS, structure
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Worker
 from fdl_tasks.rules import binary_path, libtorch_dir, require_arch
@@ -39,16 +41,21 @@ class PerHostEnvelope:
             cwd_subpath=crate_dir,
         )
 
-    def to_wire(self) -> dict[str, str]:
-        wire = {"bin": self.bin, "ld_library_path": self.ld_library_path}
-        if self.cwd_subpath:
-            wire["cwd_subpath"] = self.cwd_subpath
-        return wire
+
+# serde's ``skip_serializing_if = "String::is_empty"`` on the way out; on the way
+# in, unknown fields are ignored as serde does (no ``deny_unknown_fields``).
+CONVERTER.register_unstructure_hook(
+    PerHostEnvelope,
+    make_dict_unstructure_fn(
+        PerHostEnvelope, CONVERTER, cwd_subpath=override(omit_if_default=True)
+    ),
+)
+IGNORE_EXTRA_KEYS.add(PerHostEnvelope)
 
 
 def encode(envelopes: Mapping[str, PerHostEnvelope]) -> str:
     """The wire text; ``ensure_ascii=False`` because serde_json writes UTF-8 as is."""
-    ordered = {host: envelopes[host].to_wire() for host in sorted(envelopes)}
+    ordered = {host: CONVERTER.unstructure(envelopes[host]) for host in sorted(envelopes)}
     return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -62,15 +69,4 @@ def decode(text: str, source: str) -> dict[str, PerHostEnvelope]:
         ) from None
     if not isinstance(data, dict):
         raise FdlError(f"{source}: the prebuild envelope must be a JSON object keyed by host")
-    envelopes = {}
-    for host, entry in data.items():
-        if not isinstance(entry, dict):
-            raise FdlError(f"{source}: entry {host!r} must be an object")
-        for field in ("bin", "ld_library_path"):
-            if not isinstance(entry.get(field), str):
-                raise FdlError(f"{source}: entry {host!r} lacks the string field {field!r}")
-        cwd = entry.get("cwd_subpath", "")
-        if not isinstance(cwd, str):
-            raise FdlError(f"{source}: entry {host!r} has a non-string 'cwd_subpath'")
-        envelopes[host] = PerHostEnvelope(entry["bin"], entry["ld_library_path"], cwd)
-    return envelopes
+    return structure(data, dict[str, PerHostEnvelope], f"{source}: a malformed prebuild envelope")

@@ -74,18 +74,33 @@ class ProbeFacts:
         return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def parse_facts(stdout: str) -> ProbeFacts | None:
-    """The facts between the markers; ``None`` if the probe's output is incomplete."""
+def marked_answers(stdout: str) -> list[tuple[str, str]] | None:
+    """The ``key=value`` lines between the markers, in order; ``None`` if a marker is missing.
+
+    Whatever a login banner or a chatty shell rc prints around them is ignored.
+    """
     if BEGIN not in stdout or END not in stdout:
         return None
-    body = stdout.split(BEGIN, 1)[1].split(END, 1)[0]
-    answers = dict(line.split("=", 1) for line in body.splitlines() if "=" in line)
+    answers = []
+    for line in stdout.split(BEGIN, 1)[1].split(END, 1)[0].splitlines():
+        key, separator, value = line.partition("=")
+        if separator:
+            answers.append((key, value.strip()))
+    return answers
+
+
+def parse_facts(stdout: str) -> ProbeFacts | None:
+    """The facts between the markers; ``None`` if the probe's output is incomplete."""
+    pairs = marked_answers(stdout)
+    if pairs is None:
+        return None
+    answers = dict(pairs)
     data = answers.get("data")
     pkill = answers.get("pkill")
     return ProbeFacts(
         data=data if data in ("ok", "missing", "unreadable") else None,  # type: ignore[arg-type]
-        uname_m=answers.get("uname_m", "").strip() or None,
-        libc=answers.get("libc", "").strip() or None,
+        uname_m=answers.get("uname_m") or None,
+        libc=answers.get("libc") or None,
         pkill=None if pkill is None else pkill == "yes",
     )
 

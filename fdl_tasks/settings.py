@@ -1,9 +1,11 @@
 """The ``fdl`` Invoke config namespace and its typed, validated view.
 
-Defaults live here; invoke.yaml, ``INVOKE_FDL_*`` environment variables,
-``ns.configure`` and task options override them in Invoke's usual order.
-Empty strings and zeros mean "work it out" so that Invoke can cast
-environment variables to each default's type.
+Defaults live on :class:`Settings`; invoke.yaml, ``INVOKE_FDL_*`` environment
+variables, ``ns.configure`` and task options override them in Invoke's usual
+order. Empty strings and zeros mean "work it out" so that Invoke can cast
+environment variables to each default's type. Values are checked once, by the
+one converter, where text from a command line is accepted for numbers and
+switches.
 """
 
 from __future__ import annotations
@@ -14,65 +16,41 @@ from typing import Any
 
 import attrs
 
+from fdl_tasks.converter import structure
 from fdl_tasks.errors import FdlError
-
-DEFAULTS: dict[str, Any] = {
-    "cluster_file": "cluster.yaml",
-    "controller_host": "",
-    "known_hosts": "~/.ssh/known_hosts",
-    "ssh_config": "~/.ssh/config",
-    "system_ssh_config": "/etc/ssh/ssh_config",
-    "connect_timeout": 5.0,
-    "probe_timeout": 20.0,
-    "build_jobs": 0,
-    "build_timeout": 3600.0,
-    "crate_dir": "",
-    "shared_builds": True,
-    "verify": True,
-    "verify_retries": 3,
-    "verify_retry_delay": 1.0,
-    "envelope_file": "target/cluster/_envelope.json",
-}
+from fdl_tasks.values import Count, Seconds, Switch
 
 
 @attrs.frozen
 class Settings:
-    """What the tasks read from ``c.config.fdl``, checked once at the edge."""
+    """What the tasks read from ``c.config.fdl``."""
 
-    cluster_file: str
-    controller_host: str
-    known_hosts: str
-    ssh_config: str
-    system_ssh_config: str
-    connect_timeout: float
-    probe_timeout: float
-    build_jobs: int
-    build_timeout: float
-    crate_dir: str
-    shared_builds: bool
-    verify: bool
-    verify_retries: int
-    verify_retry_delay: float
-    envelope_file: str
+    cluster_file: str = "cluster.yaml"
+    controller_host: str = ""
+    known_hosts: str = "~/.ssh/known_hosts"
+    ssh_config: str = "~/.ssh/config"
+    system_ssh_config: str = "/etc/ssh/ssh_config"
+    connect_timeout: Seconds = 5.0
+    probe_timeout: Seconds = 20.0
+    build_jobs: Count = 0
+    build_timeout: Seconds = 3600.0
+    crate_dir: str = ""
+    shared_builds: Switch = True
+    verify: Switch = True
+    verify_retries: Count = 3
+    verify_retry_delay: Seconds = 1.0
+    envelope_file: str = "target/cluster/_envelope.json"
 
     @classmethod
     def from_config(cls, fdl: Mapping[str, Any], **options: Any) -> Settings:
         """Merge config with task options (``None`` means the option was not given)."""
-        merged = {**DEFAULTS, **dict(fdl), **{k: v for k, v in options.items() if v is not None}}
+        merged = {**dict(fdl), **{k: v for k, v in options.items() if v is not None}}
         unknown = sorted(set(merged) - set(DEFAULTS))
         if unknown:
             raise FdlError(
                 f"unknown fdl setting(s): {', '.join(unknown)}; known: " + ", ".join(DEFAULTS)
             )
-        values: dict[str, Any] = {}
-        for name, default in DEFAULTS.items():
-            values[name] = _coerce(name, merged[name], type(default))
-        for name in ("connect_timeout", "probe_timeout", "build_timeout"):
-            if values[name] <= 0:
-                raise FdlError(f"fdl.{name} must be a positive number of seconds")
-        if values["build_jobs"] < 0 or values["verify_retries"] < 0:
-            raise FdlError("fdl.build_jobs and fdl.verify_retries must not be negative")
-        return cls(**values)
+        return structure(merged, cls, "invalid setting(s)", root="fdl.")
 
     @property
     def jobs(self) -> int:
@@ -80,22 +58,5 @@ class Settings:
         return self.build_jobs or os.cpu_count() or 1
 
 
-def _coerce(name: str, value: Any, kind: type) -> Any:
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no"):
-            return value.lower() in ("1", "true", "yes")
-    elif kind is float and isinstance(value, int | float | str) and not isinstance(value, bool):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    elif kind is int and not isinstance(value, bool):
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            pass
-    elif isinstance(value, kind):
-        return value
-    raise FdlError(f"fdl.{name} must be {kind.__name__}, got {value!r}")
+#: The ``fdl`` namespace's defaults, for ``ns.configure``.
+DEFAULTS: dict[str, Any] = attrs.asdict(Settings())

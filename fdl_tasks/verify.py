@@ -16,7 +16,7 @@ import attrs
 
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.probe import BEGIN, END, ProbeFacts
+from fdl_tasks.probe import BEGIN, END, ProbeFacts, marked_answers
 from fdl_tasks.rules import join_path
 
 _GLIBC_SYMBOL = re.compile(r"GLIBC_(\d+)\.(\d+)")
@@ -79,16 +79,15 @@ class RemoteCopy:
 
 
 def parse_verification(stdout: str) -> RemoteCopy | None:
-    if BEGIN not in stdout or END not in stdout:
+    pairs = marked_answers(stdout)
+    if pairs is None:
         return None
-    body = stdout.split(BEGIN, 1)[1].split(END, 1)[0].splitlines()
-    pairs = [line.split("=", 1) for line in body if "=" in line]
-    sha = next((v.strip() for k, v in pairs if k == "sha256"), None)
-    libc = next((v.strip() for k, v in pairs if k == "libc"), "")
+    answers = dict(pairs)
+    sha = answers.get("sha256")
     return RemoteCopy(
         sha256=None if sha in (None, "missing") else sha,
-        missing_libraries=tuple(v.strip() for k, v in pairs if k == "missing_lib"),
-        libc=ProbeFacts(data=None, libc=libc or None),
+        missing_libraries=tuple(v for k, v in pairs if k == "missing_lib"),
+        libc=ProbeFacts(data=None, libc=answers.get("libc") or None),
     )
 
 

@@ -53,10 +53,10 @@ def test_absent_cwd_subpath_reads_as_empty() -> None:
     [
         ('{"h":{"bin":"b"', "not valid JSON"),
         ("[]", "JSON object keyed by host"),
-        ('{"h":"b"}', "must be an object"),
-        ('{"h":{"bin":"b"}}', "'ld_library_path'"),
-        ('{"h":{"ld_library_path":"/l"}}', "'bin'"),
-        ('{"h":{"bin":1,"ld_library_path":"/l"}}', "'bin'"),
+        ('{"h":"b"}', "['h']: expected a mapping"),
+        ('{"h":{"bin":"b"}}', "['h'].ld_library_path: required key missing"),
+        ('{"h":{"ld_library_path":"/l"}}', "['h'].bin: required key missing"),
+        ('{"h":{"bin":1,"ld_library_path":"/l"}}', "['h'].bin: expected a string"),
         ('{"h":{"bin":"b","ld_library_path":"/l","cwd_subpath":3}}', "cwd_subpath"),
     ],
 )
@@ -64,3 +64,9 @@ def test_malformed_envelopes_are_rejected(text: str, fragment: str) -> None:
     with pytest.raises(FdlError, match=r"env\.json") as caught:
         decode(text, "env.json")
     assert fragment in str(caught.value)
+
+
+def test_unknown_fields_are_ignored_like_serde() -> None:
+    """flodl's consumer struct has no deny_unknown_fields: a newer writer's field is skipped."""
+    read = decode('{"h":{"bin":"b","ld_library_path":"/l","later":1}}', "x")
+    assert read == {"h": PerHostEnvelope("b", "/l")}

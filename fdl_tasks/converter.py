@@ -1,0 +1,203 @@
+"""The one cattrs converter: every structure from outside data goes through it.
+
+It is strict where YAML and JSON are lax (a port must be an integer, a list a
+list, a string a string), applies the single-value checks of
+:mod:`fdl_tasks.values` to the model's kinds, and reports every problem with
+its key path (``workers[2].ssh.port: expected an integer``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, get_args, get_origin
+
+import attrs
+import cattrs
+from cattrs.errors import ForbiddenExtraKeysError
+from cattrs.gen import make_dict_structure_fn
+
+from fdl_tasks.errors import FdlError
+from fdl_tasks.model import (
+    AbsPath,
+    Arch,
+    ComposeService,
+    CudaRelease,
+    DockerSettings,
+    EnvName,
+    EnvValue,
+    HostLabel,
+    ImageTemplate,
+    LaunchEnvName,
+    MountPath,
+    Port,
+    RamShare,
+    ServiceName,
+    SshOption,
+)
+from fdl_tasks.values import (
+    Count,
+    InvalidValue,
+    Seconds,
+    Switch,
+    check_abs_path,
+    check_arch,
+    check_count,
+    check_cuda_release,
+    check_env_name,
+    check_env_value,
+    check_image,
+    check_int,
+    check_label,
+    check_launch_env_name,
+    check_mount_path,
+    check_port,
+    check_ram_share,
+    check_seconds,
+    check_service,
+    check_ssh_option,
+    check_switch,
+    check_text,
+    cut,
+    kind_of,
+)
+
+T = TypeVar("T")
+#: How many problems one message lists.
+MAX_PROBLEMS = 8
+#: The single-value check of each kind in the model.
+CHECKS: dict[Any, Callable[[object], object]] = {
+    HostLabel: check_label,
+    Arch: check_arch,
+    AbsPath: check_abs_path,
+    EnvName: check_env_name,
+    EnvValue: check_env_value,
+    LaunchEnvName: check_launch_env_name,
+    ServiceName: check_service,
+    CudaRelease: check_cuda_release,
+    RamShare: check_ram_share,
+    Port: check_port,
+    SshOption: check_ssh_option,
+    ImageTemplate: check_image,
+    MountPath: check_mount_path,
+    Seconds: check_seconds,
+    Count: check_count,
+    Switch: check_switch,
+}
+
+
+def _with_check(check: Callable[[object], object]) -> Callable[[object, Any], object]:
+    return lambda value, _: check(value)
+
+
+def _equal_to(kind: Any) -> Callable[[Any], bool]:
+    """Annotated aliases are not classes, so hooks match them by equality."""
+    return lambda candidate: bool(candidate == kind)
+
+
+def register_checks(
+    converter: cattrs.Converter, checks: dict[Any, Callable[[object], object]]
+) -> None:
+    """Structure each kind with its single-value check."""
+    for kind, check in checks.items():
+        converter.register_structure_hook_func(_equal_to(kind), _with_check(check))
+
+
+def _is_tuple(kind: Any) -> bool:
+    return get_origin(kind) is tuple
+
+
+#: Classes read like serde reads them without ``deny_unknown_fields`` (the envelope).
+IGNORE_EXTRA_KEYS: set[type] = set()
+
+
+def mapping_hook(
+    converter: cattrs.Converter, cls: type, forbid_extra_keys: bool
+) -> Callable[[object, Any], Any]:
+    """Structure an attrs class from a mapping, and say so when it is something else."""
+    structure_fields: Callable[[Any, Any], Any] = make_dict_structure_fn(
+        cls, converter, _cattrs_forbid_extra_keys=forbid_extra_keys
+    )
+
+    def structure(value: object, _: Any) -> Any:
+        if not isinstance(value, dict):
+            raise InvalidValue(f"expected a mapping, got {kind_of(value)}")
+        return structure_fields(value, cls)
+
+    return structure
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    converter.register_structure_hook(str, _with_check(check_text))
+    converter.register_structure_hook(int, _with_check(check_int))
+    register_checks(converter, CHECKS)
+
+    def tuple_hook(kind: Any) -> Callable[[object, Any], tuple[Any, ...]]:
+        as_list = converter.get_structure_hook(list[get_args(kind)[0]])  # type: ignore[misc]
+
+        def structure(value: object, _: Any) -> tuple[Any, ...]:
+            if not isinstance(value, list):
+                raise InvalidValue(f"expected a list, got {kind_of(value)}")
+            return tuple(as_list(value, list))
+
+        return structure
+
+    converter.register_structure_hook_factory(_is_tuple, tuple_hook)
+
+    def class_hook(cls: type) -> Callable[[object, Any], Any]:
+        return mapping_hook(converter, cls, forbid_extra_keys=cls not in IGNORE_EXTRA_KEYS)
+
+    converter.register_structure_hook_factory(attrs.has, class_hook)
+    builder_settings = converter.get_structure_hook(DockerSettings)
+
+    def docker_or_compose(value: object, _: Any) -> DockerSettings | ComposeService | None:
+        """flodl writes a compose service name; a mapping is a ``docker run`` setup."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return ComposeService(check_service(value))
+        return builder_settings(value, DockerSettings)  # type: ignore[no-any-return]
+
+    converter.register_structure_hook(DockerSettings | ComposeService | None, docker_or_compose)
+    return converter
+
+
+CONVERTER = _make_converter()
+
+
+def _describe(exc: BaseException, kind: Any) -> str:
+    if isinstance(exc, InvalidValue):
+        return str(exc)
+    if isinstance(exc, ForbiddenExtraKeysError):
+        known = ", ".join(a.name for a in attrs.fields(exc.cl))
+        unknown = ", ".join(cut(k) for k in sorted(map(str, exc.extra_fields))[:MAX_PROBLEMS])
+        return f"unknown key(s) {unknown}; expected one of: {known}"
+    if isinstance(exc, KeyError):
+        return "required key missing"
+    return cattrs.v.format_exception(exc, kind)
+
+
+def _readable(problem: str) -> str:
+    """cattrs says ``msg @ $.workers[2].ssh.port``; we say ``workers[2].ssh.port: msg``.
+
+    A message that is a predicate (``must be …``) follows its path directly.
+    """
+    message, _, path = problem.rpartition(" @ ")
+    path = path.removeprefix("$").removeprefix(".") or "(top level)"
+    return f"{path} {message}" if message.startswith("must ") else f"{path}: {message}"
+
+
+def structure(data: object, cls: type[T], what: str, root: str = "") -> T:
+    """``data`` as a ``cls``, or one :class:`FdlError`: ``<what>: <root><path>: <problem>; …``."""
+    try:
+        return CONVERTER.structure(data, cls)
+    except (cattrs.BaseValidationError, InvalidValue) as exc:
+        problems = (
+            cattrs.transform_error(exc, path="$", format_exception=_describe)
+            if isinstance(exc, cattrs.BaseValidationError)
+            else [f"{exc} @ $"]
+        )
+        listed = [root + _readable(p) for p in problems[:MAX_PROBLEMS]]
+        if len(problems) > MAX_PROBLEMS:
+            listed.append(f"and {len(problems) - MAX_PROBLEMS} more problem(s)")
+        raise FdlError(f"{what}: " + "; ".join(listed) + ".") from None
