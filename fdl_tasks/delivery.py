@@ -25,9 +25,9 @@ def verify_delivery(
     envelopes: Mapping[str, PerHostEnvelope],
     built: Mapping[str, Path],
     settings: Settings,
-    warn: Callable[[str], None],
+    report: Callable[[str], None],
 ) -> list[str]:
-    """Problems that make a host unable to run its binary; unreachable hosts only warn.
+    """Problems that make a host unable to run its binary; unreachable hosts are only reported.
 
     ``built[host]`` is the binary cargo produced for that host's build: each
     distinct build is hashed and parsed once, however many hosts share it,
@@ -49,7 +49,7 @@ def verify_delivery(
             copy = None if isinstance(outcome, Failure) else parse_verification(outcome.stdout)
             if copy is None:
                 reason = outcome.reason if isinstance(outcome, Failure) else "no usable answer"
-                warn(f"verify: {host} not verified: {reason}")
+                report(f"verify: {host} not verified: {reason}")
                 pending.discard(host)
                 continue
             copies[host] = copy

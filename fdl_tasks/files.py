@@ -32,7 +32,7 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 
 @contextlib.contextmanager
-def project_lock(path: Path, say: Callable[[str], None]) -> Iterator[None]:
+def project_lock(path: Path, report: Callable[[str], None]) -> Iterator[None]:
     """One prebuild per project tree at a time; a second one waits its turn, saying so."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,7 +45,7 @@ def project_lock(path: Path, say: Callable[[str], None]) -> Iterator[None]:
         except BlockingIOError:
             lock.seek(0)
             holder = lock.read().strip() or "another process"
-            say(
+            report(
                 f"prebuild: waiting for the prebuild already running on this project "
                 f"({holder}) to finish"
             )

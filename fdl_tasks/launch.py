@@ -6,15 +6,16 @@ import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from fdl_tasks.console import PrefixedLines
-from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.envelope import PerHostEnvelope, decode
+from fdl_tasks.errors import FdlError
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.model import Cluster, Worker
-from fdl_tasks.remote import Fleet, describe_failure
+from fdl_tasks.pipeline import read_envelopes
+from fdl_tasks.remote import Failure, Fleet
 from fdl_tasks.rules import check_command, join_path
+from fdl_tasks.run import Run
 
 
 def check_envelopes(
@@ -107,36 +108,48 @@ def launch_all(
     Ctrl-C or SIGTERM stops the program on every host (TERM, then KILL after
     the grace period) before the interrupt propagates.
     """
-
-    def run(host: str) -> tuple[str, str]:
-        worker = fleet.workers[host]
-        stream = PrefixedLines(host, None, sys.stdout)
-        command = launch_command(worker, envelopes[host], cluster.env, args)
-        try:
-            result: Any = fleet.connections[host].run(
-                command,
-                warn=True,
-                hide=False,
-                pty=False,
-                in_stream=False,
-                out_stream=stream,
-                err_stream=stream,
-            )
-        except Exception as exc:  # any connection failure is that host's failure
-            return host, describe_failure(exc, fleet.settings, worker).reason
-        finally:
-            stream.close_line()
-        return host, "" if result.exited == 0 else f"exited {result.exited}"
-
-    pool = ThreadPoolExecutor(max_workers=max(1, len(fleet.workers)))
+    workers = fleet.workers
+    commands = {h: launch_command(w, envelopes[h], cluster.env, args) for h, w in workers.items()}
+    streams = {host: PrefixedLines(host, None, sys.stdout) for host in workers}
     try:
         with sigterm_as_interrupt():
-            outcomes = dict(pool.map(run, sorted(fleet.workers)))
+            outcomes = fleet.run(commands, None, streams)
     except KeyboardInterrupt:
-        binaries = {h: join_path(w.path, envelopes[h].bin) for h, w in fleet.workers.items()}
+        binaries = {h: join_path(w.path, envelopes[h].bin) for h, w in workers.items()}
         stops = {h: stop_processes(binary, GRACE_SECONDS) for h, binary in binaries.items()}
         fleet.run(stops, GRACE_SECONDS + fleet.settings.probe_timeout)
         raise
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    return {host: why for host, why in outcomes.items() if why}
+        for stream in streams.values():
+            stream.close_line()
+    return {
+        host: outcome.reason if isinstance(outcome, Failure) else f"exited {outcome.exited}"
+        for host, outcome in sorted(outcomes.items())
+        if isinstance(outcome, Failure) or outcome.exited != 0
+    }
+
+
+def launch(run: Run, command: str, args: Sequence[str]) -> None:
+    """``inv launch``: the envelope checked against cluster.yaml, then every remote worker."""
+    remotes = run.remotes
+    text, source = read_envelopes(run)
+    envelopes = decode(text, source)
+    problems = check_envelopes(envelopes, remotes, command, source)
+    if problems:
+        raise FdlError(
+            "the envelope does not match cluster.yaml (stale? run prebuild "
+            "again): " + "; ".join(problems)
+        )
+    if run.dry:
+        for worker in remotes:
+            line = launch_command(worker, envelopes[worker.host], run.cluster.env, args)
+            run.report(f"[{worker.host}] {line}")
+        return
+    with Fleet(remotes, run.settings, run.report) as fleet:
+        try:
+            failed = launch_all(fleet, run.cluster, envelopes, args)
+        except KeyboardInterrupt:
+            raise FdlError(f"interrupted: {command} was stopped on every host") from None
+    if failed:
+        raise FdlError("launch failed on " + ", ".join(f"{h} ({why})" for h, why in failed.items()))
+    run.report(f"launch: {command} finished on {len(remotes)} host(s)")

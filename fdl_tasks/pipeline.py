@@ -1,47 +1,36 @@
 """The prebuild pipeline: preflight, builds, verification, publication.
 
-Tasks call these; each step reports progress through ``say`` (stderr) and
-raises :class:`FdlError` with every problem of its step together.
+Tasks call these with a :class:`~fdl_tasks.run.Run`; each step reports
+progress through ``run.report`` and raises :class:`FdlError` with every
+problem of its step together.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from invoke.context import Context
-
-from fdl_tasks.builder import Builder, JobResult, check_cargo, failure_report
-from fdl_tasks.console import StatusBoard, format_table
-from fdl_tasks.containers import (
-    check_docker,
-    compose_images,
-    create_compose_networks,
-    find_compose,
-)
+from fdl_tasks.builds import check_tools, run_builds
 from fdl_tasks.delivery import verify_delivery
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, encode
 from fdl_tasks.errors import FdlError
 from fdl_tasks.files import project_lock, write_atomically
-from fdl_tasks.model import Cluster, ComposeService, DockerSettings, Worker
-from fdl_tasks.plan import RUN_LABEL, BuildJob, compose_environment, plan_builds
+from fdl_tasks.model import Worker
+from fdl_tasks.plan import plan_builds
 from fdl_tasks.preflight import dry_run_lines, run_preflight
 from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
-from fdl_tasks.rules import CLUSTER_TARGET, check_crate_dir, remote_workers
-from fdl_tasks.settings import Settings
-
-Say = Callable[[str], None]
+from fdl_tasks.rules import CLUSTER_TARGET, check_crate_dir
+from fdl_tasks.run import Run
 
 
-def report_preflight(verdicts: Sequence[Verdict], as_json: bool, say: Say) -> None:
+def report_preflight(run: Run, verdicts: Sequence[Verdict], as_json: bool) -> None:
     """One line per host and a summary; an error on any host stops everything."""
     for line in report_lines(verdicts):
-        say(line)
+        run.report(line)
     if as_json:
         print(json.dumps([v.to_json() for v in verdicts], indent=2))
     failed = [v.host for v in verdicts if v.status == "error"]
@@ -49,202 +38,100 @@ def report_preflight(verdicts: Sequence[Verdict], as_json: bool, say: Say) -> No
         raise FdlError(f"preflight found errors on {', '.join(failed)}; nothing was built")
 
 
-def resolve_crate_dir(
-    option: str | None, settings: Settings, cluster: Cluster, command: str
-) -> str:
+def preflight(run: Run, abi: bool, as_json: bool) -> None:
+    """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``)."""
+    if run.dry:
+        for line in dry_run_lines(run, abi):
+            run.report(line)
+        return
+    with Fleet(run.remotes, run.settings, run.report) as fleet:
+        verdicts = run_preflight(run, fleet, abi)
+    report_preflight(run, verdicts, as_json)
+
+
+def resolve_crate_dir(run: Run, option: str | None, command: str) -> str:
     """Option, else setting, else ``<root>/<command>`` when it is a crate, else the root."""
-    chosen = option if option is not None else settings.crate_dir
-    root = Path(cluster.controller.path)
+    chosen = option if option is not None else run.settings.crate_dir
     if chosen:
         relative = check_crate_dir(chosen)
     else:
-        relative = command if (root / command / "Cargo.toml").is_file() else ""
-    if not (root / relative / "Cargo.toml").is_file():
+        relative = command if (run.root / command / "Cargo.toml").is_file() else ""
+    if not (run.root / relative / "Cargo.toml").is_file():
         raise FdlError(
-            f"no Cargo.toml in {root / relative}: pass --crate-dir relative to controller.path"
+            f"no Cargo.toml in {run.root / relative}: pass --crate-dir relative to controller.path"
         )
     return relative
 
 
-def check_tools(cluster: Cluster, jobs: Sequence[BuildJob]) -> tuple[str, ...]:
-    """Docker daemon and images, compose and its service, or cargo: before any build.
-
-    Returns the compose command (``docker compose`` or ``docker-compose``) in compose mode.
-    """
-    controller = cluster.controller
-    docker = controller.docker
-    if docker is None:
-        check_cargo()
-        return ()
-    if isinstance(docker, DockerSettings):
-        check_docker(
-            [job.spec.image for job in jobs if job.spec.image],
-            f"controller.docker.image is {docker.image!r}",
-        )
-        return ()
-    compose_argv = find_compose()
-    ids = (os.geteuid(), os.getegid())
-    environments = [compose_environment(controller.path, j.spec.arch, ids) for j in jobs]
-    check_docker(
-        compose_images(compose_argv, docker, controller.path, environments),
-        f"the images of compose service {docker.service!r}",
-    )
-    if environments:
-        create_compose_networks(compose_argv, docker, controller.path, environments[0])
-    return compose_argv
+def envelope_path(run: Run) -> Path:
+    return run.root / run.settings.envelope_file
 
 
-def summary_lines(results: Sequence[JobResult], cluster: Cluster) -> list[str]:
-    """The final table: host, arch, build (shared or own), result, seconds, log."""
-    rows = [("host", "arch", "build", "result", "seconds", "log")]
-    for result in results:
-        job = result.job
-        build = f"shared by {len(job.hosts)}" if len(job.hosts) > 1 else "own"
-        state = "ok" if result.ok else "FAILED"
-        log = f"{cluster.controller.path.rstrip('/')}/{job.log_file}"
-        rows += [
-            (host, job.spec.arch, build, state, f"{result.seconds:.1f}", log) for host in job.hosts
-        ]
-    return format_table(rows)
-
-
-def _build_tool(cluster: Cluster, compose_argv: Sequence[str]) -> str:
-    if cluster.controller.docker is None:
-        return "native cargo"
-    return f"{' '.join(compose_argv)} run" if compose_argv else "docker run"
-
-
-def run_builds(
-    c: Context,
-    cluster: Cluster,
-    settings: Settings,
-    jobs: Sequence[BuildJob],
-    say: Say,
-    compose_argv: tuple[str, ...] | None = None,
-) -> list[JobResult]:
-    """Every build to its end, or every command printed under ``inv --dry``.
-
-    ``compose_argv`` is :func:`check_tools`' answer when the caller already checked.
-    """
-    run_id = secrets.token_hex(4)
-    if c.config.run.dry:
-        compose = isinstance(cluster.controller.docker, ComposeService)
-        compose_argv = find_compose() if compose else ()
-    elif compose_argv is None:
-        compose_argv = check_tools(cluster, jobs)
-    with StatusBoard() as board:
-        builder = Builder(
-            c, cluster, run_id, settings.build_timeout, settings.jobs, board, compose_argv
-        )
-        if c.config.run.dry:
-            for job in jobs:
-                say(f"[{job.name}] {builder.command(job)}")
-            return []
-        say(
-            f"prebuild: {len(jobs)} build(s) with {_build_tool(cluster, compose_argv)}, "
-            f"{min(settings.jobs, len(jobs))} at a time "
-            f"(run {run_id}: containers labelled {RUN_LABEL}={run_id})"
-        )
-        try:
-            results = builder.run_all(jobs)
-        except KeyboardInterrupt:
-            raise FdlError(
-                "interrupted: every build of this run was stopped; no envelope was published"
-            ) from None
-    for line in summary_lines(results, cluster):
-        say(line)
-    failures = [r for r in results if not r.ok]
-    if failures:
-        raise FdlError(
-            f"{len(failures)} of {len(results)} build(s) failed; no envelope was "
-            "published.\n" + "\n".join(failure_report(r, cluster) for r in failures)
-        )
-    return results
-
-
-def envelope_path(cluster: Cluster, settings: Settings) -> Path:
-    return Path(cluster.controller.path, settings.envelope_file)
-
-
-def prebuild(
-    c: Context, cluster: Cluster, label: str, settings: Settings, command: str, crate: str, say: Say
-) -> str | None:
+def prebuild(run: Run, command: str, crate: str) -> str | None:
     """The whole pipeline; returns the published envelope text (``None`` under --dry)."""
-    remotes = remote_workers(cluster, label)
-    jobs = plan_builds(remotes, cluster.controller.docker, command, crate, settings.shared_builds)
-    if c.config.run.dry:
-        for line in dry_run_lines(cluster, label, abi=True):
-            say(line)
-        run_builds(c, cluster, settings, jobs, say)
+    remotes = run.remotes
+    docker = run.cluster.controller.docker
+    jobs = plan_builds(remotes, docker, command, crate, run.settings.shared_builds)
+    if run.dry:
+        for line in dry_run_lines(run, abi=True):
+            run.report(line)
+        run_builds(run, jobs)
         return None
-    lock = Path(cluster.controller.path, CLUSTER_TARGET, "_prebuild.lock")
-    with Fleet(remotes, settings, say) as fleet, ThreadPoolExecutor(1) as side:
-        tools = side.submit(check_tools, cluster, jobs)  # local checks overlap the ssh probe
-        report_preflight(run_preflight(cluster, label, settings, fleet, True, say), False, say)
+    with Fleet(remotes, run.settings, run.report) as fleet, ThreadPoolExecutor(1) as side:
+        tools = side.submit(check_tools, run.cluster, jobs)  # local checks overlap the ssh probe
+        report_preflight(run, run_preflight(run, fleet, True), False)
         compose_argv = tools.result()
-        with project_lock(lock, say):
+        with project_lock(run.root / CLUSTER_TARGET / "_prebuild.lock", run.report):
             # Withdraw the previous envelope first: if this run fails, nothing
             # may point a launcher at binaries that are now stale.
-            envelope_path(cluster, settings).unlink(missing_ok=True)
+            envelope_path(run).unlink(missing_ok=True)
             os.environ.pop(ENV_PREBUILD_PER_HOST, None)
-            run_builds(c, cluster, settings, jobs, say, compose_argv)
+            run_builds(run, jobs, compose_argv)
             envelopes = {w.host: PerHostEnvelope.for_worker(w, command, crate) for w in remotes}
-            if settings.verify:
-                root = Path(cluster.controller.path)
-                built = {host: root / job.built_binary for job in jobs for host in job.hosts}
-                verify(fleet, envelopes, built, settings, say)
-            return publish(envelopes, envelope_path(cluster, settings), say)
+            if run.settings.verify:
+                built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
+                verify(run, fleet, envelopes, built)
+            return publish(run, envelopes)
 
 
 def verify(
-    fleet: Fleet,
-    envelopes: dict[str, PerHostEnvelope],
-    built: dict[str, Path],
-    settings: Settings,
-    say: Say,
+    run: Run, fleet: Fleet, envelopes: dict[str, PerHostEnvelope], built: dict[str, Path]
 ) -> None:
-    problems = verify_delivery(fleet, envelopes, built, settings, say)
+    problems = verify_delivery(fleet, envelopes, built, run.settings, run.report)
     if problems:
         raise FdlError(
             "delivery verification failed; no envelope was published.\n"
             + "\n".join(f"  {p}" for p in problems)
         )
-    say(f"verify: {len(envelopes)} host(s) see the same bytes, every library resolves")
+    run.report(f"verify: {len(envelopes)} host(s) see the same bytes, every library resolves")
 
 
-def publish(envelopes: dict[str, PerHostEnvelope], path: Path, say: Say) -> str:
+def publish(run: Run, envelopes: dict[str, PerHostEnvelope]) -> str:
     """Own process environment (for composed tasks and launchers), then the file."""
     text = encode(envelopes)
+    path = envelope_path(run)
     write_atomically(path, text + "\n")
     os.environ[ENV_PREBUILD_PER_HOST] = text
-    say(
+    run.report(
         f"prebuild: envelope for {len(envelopes)} host(s) written to {path} and "
         f"${ENV_PREBUILD_PER_HOST}"
     )
     return text
 
 
-def build_one(
-    c: Context,
-    cluster: Cluster,
-    settings: Settings,
-    worker: Worker,
-    command: str,
-    crate: str,
-    say: Say,
-) -> PerHostEnvelope:
+def build_one(run: Run, worker: Worker, command: str, crate: str) -> PerHostEnvelope:
     """``build-host``: one host's build, its envelope entry on success."""
-    jobs = plan_builds([worker], cluster.controller.docker, command, crate, shared=False)
-    run_builds(c, cluster, settings, jobs, say)
+    jobs = plan_builds([worker], run.cluster.controller.docker, command, crate, shared=False)
+    run_builds(run, jobs)
     return PerHostEnvelope.for_worker(worker, command, crate)
 
 
-def read_envelopes(settings: Settings, cluster: Cluster) -> tuple[str, str]:
+def read_envelopes(run: Run) -> tuple[str, str]:
     """The envelope text and where it came from: the environment, else prebuild's file."""
     text = os.environ.get(ENV_PREBUILD_PER_HOST)
     if text:
         return text, f"${ENV_PREBUILD_PER_HOST}"
-    path = envelope_path(cluster, settings)
+    path = envelope_path(run)
     try:
         return path.read_text(encoding="utf-8"), str(path)
     except FileNotFoundError:

@@ -6,7 +6,6 @@ import os
 import platform
 import shlex
 import subprocess
-from collections.abc import Callable
 
 from fdl_tasks.model import Cluster, Controller, Worker
 from fdl_tasks.probe import (
@@ -19,7 +18,7 @@ from fdl_tasks.probe import (
     unreachable,
 )
 from fdl_tasks.remote import Failure, Fleet
-from fdl_tasks.rules import remote_workers
+from fdl_tasks.run import Run
 from fdl_tasks.settings import Settings
 
 
@@ -82,36 +81,30 @@ def probe_remotes(
     return verdicts
 
 
-def dry_run_lines(cluster: Cluster, label: str, abi: bool) -> list[str]:
+def dry_run_lines(run: Run, abi: bool) -> list[str]:
     """What preflight would run, for ``inv --dry``: one line per host."""
 
     def one_line(host: Worker | Controller) -> str:
         return shlex.quote(ProbeRequest.for_host(host, abi).script().replace("\n", "; "))
 
-    lines = [f"[{label}] (local) sh -c {one_line(controller_entry(cluster, label))}"]
-    for worker in remote_workers(cluster, label):
+    entry = controller_entry(run.cluster, run.controller)
+    lines = [f"[{run.controller}] (local) sh -c {one_line(entry)}"]
+    for worker in run.remotes:
         port = worker.ssh.port or 22
         user = f"{worker.ssh.user}@" if worker.ssh.user else ""
         lines.append(f"[{worker.host}] ssh {user}{worker.ssh_target}:{port} {one_line(worker)}")
     return lines
 
 
-def run_preflight(
-    cluster: Cluster,
-    label: str,
-    settings: Settings,
-    fleet: Fleet,
-    abi: bool,
-    progress: Callable[[str], None],
-) -> list[Verdict]:
+def run_preflight(run: Run, fleet: Fleet, abi: bool) -> list[Verdict]:
     """Every host's verdict: the controller first, then remotes in cluster.yaml order."""
-    remotes = remote_workers(cluster, label)
-    progress(
+    remotes = run.remotes
+    run.report(
         f"preflight: probing {len(remotes)} remote host(s)"
         + (" with the ABI gate" if abi else "")
         + " and the controller locally"
     )
     return [
-        probe_controller(cluster, label, settings),
-        *probe_remotes(fleet, remotes, settings, abi),
+        probe_controller(run.cluster, run.controller, run.settings),
+        *probe_remotes(fleet, remotes, run.settings, abi),
     ]

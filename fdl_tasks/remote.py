@@ -24,6 +24,7 @@ import paramiko
 from fabric.exceptions import GroupException
 from invoke.exceptions import CommandTimedOut
 
+from fdl_tasks.console import TextSink
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Worker
 from fdl_tasks.rules import split_ssh_option
@@ -160,7 +161,7 @@ class Fleet:
     """
 
     def __init__(
-        self, workers: Iterable[Worker], settings: Settings, warn: Callable[[str], None]
+        self, workers: Iterable[Worker], settings: Settings, report: Callable[[str], None]
     ) -> None:
         quiet_paramiko()
         self.settings = settings
@@ -169,13 +170,13 @@ class Fleet:
             _read_config(path) for path in (settings.ssh_config, settings.system_ssh_config)
         )
         self.connections: dict[str, fabric.Connection] = {
-            label: self._connect(w, warn) for label, w in self.workers.items()
+            label: self._connect(w, report) for label, w in self.workers.items()
         }
 
-    def _connect(self, worker: Worker, warn: Callable[[str], None]) -> fabric.Connection:
+    def _connect(self, worker: Worker, report: Callable[[str], None]) -> fabric.Connection:
         block, ignored = ssh_config_block(worker)
         for key in ignored:
-            warn(
+            report(
                 f"{worker.host}: ssh option {key} is not supported by Fabric/paramiko "
                 "and is ignored"
             )
@@ -209,25 +210,48 @@ class Fleet:
             hop.client.set_missing_host_key_policy(TrustOnFirstUse(known_hosts))
             hop = hop.gateway
 
-    def run(self, commands: Mapping[str, str], timeout: float) -> dict[str, Outcome]:
-        """Run ``commands[label]`` on each host; never raises for a host's failure."""
-        by_command: dict[str, list[str]] = {}
+    def run(
+        self,
+        commands: Mapping[str, str],
+        timeout: float | None,
+        streams: Mapping[str, TextSink] | None = None,
+    ) -> dict[str, Outcome]:
+        """Run ``commands[label]`` on each host; never raises for a host's failure.
+
+        Hosts with the same command share one ThreadingGroup; with ``streams``
+        (launch) each host's output goes, as it comes, to its own stream, so
+        each host is a group of its own.
+        """
+        groups: dict[tuple[str, str], list[str]] = {}
         for label, command in commands.items():
-            by_command.setdefault(command, []).append(label)
+            groups.setdefault((command, label if streams else ""), []).append(label)
         outcomes: dict[str, Outcome] = {}
-        with ThreadPoolExecutor(max_workers=max(1, len(by_command))) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, len(groups)))
+        try:
             jobs = [
-                pool.submit(self._run_group, labels, command, timeout)
-                for command, labels in by_command.items()
+                pool.submit(self._run_group, labels, command, timeout, streams)
+                for (command, _), labels in groups.items()
             ]
             for job in jobs:
                 outcomes.update(job.result())
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # an interrupt must not wait here
         return outcomes
 
-    def _run_group(self, labels: list[str], command: str, timeout: float) -> dict[str, Outcome]:
+    def _run_group(
+        self,
+        labels: list[str],
+        command: str,
+        timeout: float | None,
+        streams: Mapping[str, TextSink] | None,
+    ) -> dict[str, Outcome]:
         group = fabric.ThreadingGroup.from_connections([self.connections[x] for x in labels])
+        output: dict[str, Any] = {"hide": True}
+        if streams:
+            stream = streams[labels[0]]
+            output = {"hide": False, "pty": False, "out_stream": stream, "err_stream": stream}
         try:
-            results = group.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
+            results = group.run(command, warn=True, timeout=timeout, in_stream=False, **output)
         except GroupException as exc:
             results = exc.result
         outcomes: dict[str, Outcome] = {}

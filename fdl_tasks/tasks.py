@@ -8,8 +8,6 @@ one paragraph and exit code 1.
 from __future__ import annotations
 
 import functools
-import os
-import socket
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -20,15 +18,12 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from fdl_tasks import pipeline
-from fdl_tasks.envelope import decode, encode
+from fdl_tasks.envelope import encode
 from fdl_tasks.errors import FdlError
-from fdl_tasks.launch import check_envelopes, launch_all, launch_command
-from fdl_tasks.loader import load_cluster
-from fdl_tasks.model import Cluster
-from fdl_tasks.preflight import dry_run_lines, run_preflight
-from fdl_tasks.remote import Fleet
-from fdl_tasks.rules import HOST_NAME_ENV, check_command, controller_label, remote_workers
-from fdl_tasks.settings import DEFAULTS, Settings
+from fdl_tasks.launch import launch as launch_on_workers
+from fdl_tasks.rules import check_command
+from fdl_tasks.run import Run
+from fdl_tasks.settings import DEFAULTS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,10 +35,6 @@ HELP = {
     "crate-dir": "crate directory relative to controller.path (default: <cmd>/ if it holds "
     "a Cargo.toml, else the project root)",
 }
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def user_errors(body: F) -> F:
@@ -59,27 +50,6 @@ def user_errors(body: F) -> F:
             raise Exit("fdl: interrupted", code=130) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def _load(c: Context, **options: Any) -> tuple[Settings, Cluster, str]:
-    settings = Settings.from_config(c.config.get("fdl", {}), **options)
-    cluster = load_cluster(settings.cluster_file)
-    label = controller_label(
-        settings.controller_host, os.environ.get(HOST_NAME_ENV), socket.gethostname()
-    )
-    return settings, cluster, label
-
-
-def _preflight_only(
-    c: Context, settings: Settings, cluster: Cluster, label: str, abi: bool, as_json: bool
-) -> None:
-    if c.config.run.dry:
-        for line in dry_run_lines(cluster, label, abi):
-            say(line)
-        return
-    with Fleet(remote_workers(cluster, label), settings, say) as fleet:
-        verdicts = run_preflight(cluster, label, settings, fleet, abi, say)
-    pipeline.report_preflight(verdicts, as_json, say)
 
 
 @task(
@@ -99,8 +69,8 @@ def preflight(
     json: bool = False,
 ) -> None:
     """Probe every host (ssh, in parallel) for readiness before any build."""
-    settings, cluster, label = _load(c, cluster_file=cluster_file, controller_host=controller_host)
-    _preflight_only(c, settings, cluster, label, not no_prebuild, json)
+    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host)
+    pipeline.preflight(run, abi=not no_prebuild, as_json=json)
 
 
 @task(help={**HELP, "host": "the worker's host label in cluster.yaml"})
@@ -115,14 +85,14 @@ def build_host(
     json: bool = False,
 ) -> None:
     """Build one host's binary against its own libtorch; print its envelope entry."""
-    settings, cluster, label = _load(c, cluster_file=cluster_file, controller_host=controller_host)
-    worker = cluster.worker(host)
-    if worker.host == label:
+    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host)
+    worker = run.cluster.worker(host)
+    if worker.host == run.controller:
         raise FdlError(f"{host!r} is the controller: its build is the normal local build")
     command = check_command(cmd)
-    crate = pipeline.resolve_crate_dir(crate_dir, settings, cluster, command)
-    entry = pipeline.build_one(c, cluster, settings, worker, command, crate, say)
-    if json and not c.config.run.dry:
+    crate = pipeline.resolve_crate_dir(run, crate_dir, command)
+    entry = pipeline.build_one(run, worker, command, crate)
+    if json and not run.dry:
         print(encode({host: entry}))
 
 
@@ -151,7 +121,7 @@ def prebuild(
     json: bool = False,
 ) -> None:
     """Preflight, then build CMD once per remote libtorch variant and publish the envelope."""
-    settings, cluster, label = _load(
+    run = Run.start(
         c,
         cluster_file=cluster_file,
         controller_host=controller_host,
@@ -162,10 +132,10 @@ def prebuild(
     )
     command = check_command(cmd)
     if no_prebuild:
-        _preflight_only(c, settings, cluster, label, abi=False, as_json=False)
+        pipeline.preflight(run, abi=False, as_json=False)
         return
-    crate = pipeline.resolve_crate_dir(crate_dir, settings, cluster, command)
-    text = pipeline.prebuild(c, cluster, label, settings, command, crate, say)
+    crate = pipeline.resolve_crate_dir(run, crate_dir, command)
+    text = pipeline.prebuild(run, command, crate)
     if json and text is not None:
         print(text)
 
@@ -191,32 +161,8 @@ def launch(
     c: Context, cmd: str, cluster_file: str | None = None, controller_host: str | None = None
 ) -> None:
     """Run the prebuilt CMD on every remote worker (arguments after --); lines prefixed [host]."""
-    settings, cluster, label = _load(c, cluster_file=cluster_file, controller_host=controller_host)
-    remotes = remote_workers(cluster, label)
-    text, source = pipeline.read_envelopes(settings, cluster)
-    envelopes = decode(text, source)
-    problems = check_envelopes(envelopes, remotes, cmd, source)
-    if problems:
-        raise FdlError(
-            "the envelope does not match cluster.yaml (stale? run prebuild "
-            "again): " + "; ".join(problems)
-        )
-    args = _remainder_args()
-    if c.config.run.dry:
-        for worker in remotes:
-            say(
-                f"[{worker.host}] "
-                f"{launch_command(worker, envelopes[worker.host], cluster.env, args)}"
-            )
-        return
-    with Fleet(remotes, settings, say) as fleet:
-        try:
-            failed = launch_all(fleet, cluster, envelopes, args)
-        except KeyboardInterrupt:
-            raise FdlError(f"interrupted: {cmd} was stopped on every host") from None
-    if failed:
-        raise FdlError("launch failed on " + ", ".join(f"{h} ({why})" for h, why in failed.items()))
-    say(f"launch: {cmd} finished on {len(remotes)} host(s)")
+    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host)
+    launch_on_workers(run, check_command(cmd), _remainder_args())
 
 
 ns = Collection(preflight, build_host, prebuild, launch)
