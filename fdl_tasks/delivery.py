@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.remote import Failure, Fleet
+from fdl_tasks.outcomes import Failure
+from fdl_tasks.remote import Fleet
 from fdl_tasks.rules import join_path
 from fdl_tasks.settings import Settings
 from fdl_tasks.verify import (

@@ -12,8 +12,9 @@ from fdl_tasks.envelope import PerHostEnvelope, decode
 from fdl_tasks.errors import FdlError
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.model import Cluster, Worker
+from fdl_tasks.outcomes import Failure
 from fdl_tasks.pipeline import read_envelopes
-from fdl_tasks.remote import Failure, Fleet
+from fdl_tasks.remote import Fleet
 from fdl_tasks.rules import check_command, join_path
 from fdl_tasks.run import Run
 

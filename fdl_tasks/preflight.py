@@ -8,6 +8,7 @@ import shlex
 import subprocess
 
 from fdl_tasks.model import Cluster, Controller, Worker
+from fdl_tasks.outcomes import Failure
 from fdl_tasks.probe import (
     BuildEnvironment,
     ProbeRequest,
@@ -17,7 +18,7 @@ from fdl_tasks.probe import (
     parse_facts,
     unreachable,
 )
-from fdl_tasks.remote import Failure, Fleet
+from fdl_tasks.remote import Fleet
 from fdl_tasks.run import Run
 from fdl_tasks.settings import Settings
 

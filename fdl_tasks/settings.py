@@ -31,6 +31,7 @@ class Settings:
     ssh_config: str = "~/.ssh/config"
     system_ssh_config: str = "/etc/ssh/ssh_config"
     connect_timeout: Seconds = 5.0
+    ssh_window: Count = 32
     probe_timeout: Seconds = 20.0
     build_jobs: Count = 0
     build_timeout: Seconds = 3600.0

@@ -12,9 +12,9 @@ from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
 from fdl_tasks.launch import check_envelopes, launch_command
 from fdl_tasks.model import SshSettings, Worker
-from fdl_tasks.remote import ssh_config_block
 from fdl_tasks.rules import split_ssh_option
 from fdl_tasks.settings import Settings
+from fdl_tasks.sshconfig import ssh_config_block
 from fdl_tasks.verify import (
     delivery_problems,
     file_sha256,
