@@ -32,11 +32,16 @@ class PerHostEnvelope:
     cwd_subpath: str = ""
 
     @classmethod
-    def for_worker(cls, worker: Worker, command: str, crate_dir: str) -> PerHostEnvelope:
-        """Paths in the worker's own view: ``bin`` relative to its ``path``."""
+    def for_worker(
+        cls, worker: Worker, command: str, crate_dir: str, cross: str | None = None
+    ) -> PerHostEnvelope:
+        """Paths in the worker's own view: ``bin`` relative to its ``path``.
+
+        ``cross``: the worker's CPU architecture when the controller cross-builds for it.
+        """
         arch = require_arch(worker)
         return cls(
-            bin=binary_path(worker.host, arch, command),
+            bin=binary_path(worker.host, arch, command, cross),
             ld_library_path=f"{libtorch_dir(worker.path, arch)}/lib",
             cwd_subpath=crate_dir,
         )

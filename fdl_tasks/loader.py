@@ -14,7 +14,8 @@ import yaml
 
 from fdl_tasks.converter import structure
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Cluster, DockerSettings
+from fdl_tasks.model import Cluster, ComposeService, DockerSettings
+from fdl_tasks.rules import GNU_TARGETS
 from fdl_tasks.values import kind_of, quote
 
 #: How many values a cluster file may hold once YAML aliases are expanded.
@@ -38,6 +39,7 @@ def parse_cluster(data: object, source: str) -> Cluster:
             f"{cluster.controller.path!r} cannot be bind-mounted by Docker (it "
             "contains ':' or ','); move the project or build with native cargo."
         )
+    _check_cross(cluster, source)
     seen: dict[str, int] = {}
     for index, worker in enumerate(cluster.workers):
         if worker.host in seen:
@@ -48,6 +50,27 @@ def parse_cluster(data: object, source: str) -> Cluster:
             )
         seen[worker.host] = index
     return cluster
+
+
+def _check_cross(cluster: Cluster, source: str) -> None:
+    """Each cross setup must be complete, and name a builder of the controller's kind."""
+    docker = cluster.controller.docker
+    for machine, setup in cluster.controller.cross.items():
+        where = f"{source} is not a valid cluster file: controller.cross[{machine!r}]"
+        if machine not in GNU_TARGETS and not (setup.target and setup.linker):
+            raise FdlError(
+                f"{where}: no default Rust target and linker are known for {machine}: "
+                "set 'target' (e.g. 'riscv64gc-unknown-linux-gnu') and 'linker'."
+            )
+        if setup.image and not isinstance(docker, DockerSettings):
+            raise FdlError(
+                f"{where}.image: only for a 'docker run' builder (controller.docker as a mapping)."
+            )
+        if setup.service and not isinstance(docker, ComposeService):
+            raise FdlError(
+                f"{where}.service: only for compose builds (controller.docker "
+                "naming a compose service)."
+            )
 
 
 class _StrictLoader(yaml.SafeLoader):

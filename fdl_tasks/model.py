@@ -38,6 +38,12 @@ EnvName = Annotated[str, "EnvName"]
 LaunchEnvName = Annotated[str, "LaunchEnvName"]
 #: A CUDA release such as ``12.8`` or ``12.6.3``.
 CudaRelease = Annotated[str, "CudaRelease"]
+#: A CPU architecture as ``uname -m`` names it: ``x86_64``, ``aarch64``.
+CpuArch = Annotated[str, "CpuArch"]
+#: A Rust target triple such as ``aarch64-unknown-linux-gnu``.
+RustTarget = Annotated[str, "RustTarget"]
+#: A program to run: a command name or an absolute path, one word.
+Program = Annotated[str, "Program"]
 #: A docker compose service name, flodl's ``controller.docker: cuda``.
 ServiceName = Annotated[str, "ServiceName"]
 #: flodl's host-RAM share for integrated GPUs: a finite, non-negative number.
@@ -88,6 +94,21 @@ class ComposeService:
 
 
 @attrs.frozen
+class CrossSetup:
+    """How the controller builds for hosts of another CPU architecture.
+
+    Every field has a default: the Rust target and the GNU cross linker that
+    Debian and Ubuntu name for the architecture, the ``docker run`` image or
+    the compose service of the native builds.
+    """
+
+    target: RustTarget | None = None
+    linker: Program | None = None
+    image: ImageTemplate | None = None
+    service: ServiceName | None = None
+
+
+@attrs.frozen
 class Controller:
     """The machine that builds; ``path`` is its view of the shared project root."""
 
@@ -95,6 +116,7 @@ class Controller:
     arch: Arch | None = None
     data_path: AbsPath | None = None
     docker: DockerSettings | ComposeService | None = None
+    cross: Mapping[CpuArch, CrossSetup] = attrs.field(factory=dict)
     # flodl's own keys: accepted and carried for the launcher, unused here.
     host: Any = None
     port: Any = None
@@ -108,6 +130,7 @@ class Worker:
     host: HostLabel
     path: AbsPath
     arch: Arch | None = None
+    cpu_arch: CpuArch | None = None
     data_path: AbsPath | None = None
     ssh: SshSettings = SshSettings()
     env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)

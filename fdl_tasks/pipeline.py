@@ -19,8 +19,8 @@ from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, encode
 from fdl_tasks.errors import FdlError
 from fdl_tasks.files import project_lock, write_atomically
 from fdl_tasks.model import Worker
-from fdl_tasks.plan import plan_builds
-from fdl_tasks.preflight import dry_run_lines, run_preflight
+from fdl_tasks.plan import BuildJob, plan_builds
+from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
 from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
 from fdl_tasks.rules import CLUSTER_TARGET, check_crate_dir
@@ -67,27 +67,64 @@ def envelope_path(run: Run) -> Path:
     return run.root / run.settings.envelope_file
 
 
+def host_machines(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str]:
+    """Hosts whose CPU architecture (``cpu_arch``, else preflight's ``uname -m``) is not the
+    controller's: they get cross builds."""
+    native = local_build_environment().machine
+    seen = {v.host: v.facts.uname_m for v in verdicts if v.facts and v.facts.uname_m}
+    machines = {w.host: w.cpu_arch or seen.get(w.host) for w in run.remotes}
+    return {host: m for host, m in machines.items() if m and m != native}
+
+
+def plan(run: Run, command: str, crate: str, machines: dict[str, str]) -> list[BuildJob]:
+    controller = run.cluster.controller
+    return plan_builds(
+        run.remotes,
+        controller.docker,
+        command,
+        crate,
+        run.settings.shared_builds,
+        machines=machines,
+        cross=controller.cross,
+    )
+
+
 def prebuild(run: Run, command: str, crate: str) -> str | None:
-    """The whole pipeline; returns the published envelope text (``None`` under --dry)."""
-    remotes = run.remotes
-    docker = run.cluster.controller.docker
-    jobs = plan_builds(remotes, docker, command, crate, run.settings.shared_builds)
+    """The whole pipeline; returns the published envelope text (``None`` under --dry).
+
+    Builds are planned from the pinned CPU architectures so that the tool checks
+    overlap the ssh probe, and planned again if preflight found others.
+    """
+    pinned = host_machines(run)
+    jobs = plan(run, command, crate, pinned)
     if run.dry:
         for line in dry_run_lines(run, abi=True):
             run.report(line)
         run_builds(run, jobs)
         return None
-    with Fleet(remotes, run.settings, run.report) as fleet, ThreadPoolExecutor(1) as side:
+    with Fleet(run.remotes, run.settings, run.report) as fleet, ThreadPoolExecutor(1) as side:
         tools = side.submit(check_tools, run.cluster, jobs)  # local checks overlap the ssh probe
-        report_preflight(run, run_preflight(run, fleet, True), False)
+        verdicts = run_preflight(run, fleet, True)
+        report_preflight(run, verdicts, False)
         compose_argv = tools.result()
+        machines = host_machines(run, verdicts)
+        if machines != pinned:
+            jobs = plan(run, command, crate, machines)
+            compose_argv = check_tools(run.cluster, jobs)
         with project_lock(run.root / CLUSTER_TARGET / "_prebuild.lock", run.report):
             # Withdraw the previous envelope first: if this run fails, nothing
             # may point a launcher at binaries that are now stale.
             envelope_path(run).unlink(missing_ok=True)
             os.environ.pop(ENV_PREBUILD_PER_HOST, None)
             run_builds(run, jobs, compose_argv)
-            envelopes = {w.host: PerHostEnvelope.for_worker(w, command, crate) for w in remotes}
+            workers = {w.host: w for w in run.remotes}
+            envelopes = {
+                host: PerHostEnvelope.for_worker(
+                    workers[host], command, crate, job.spec.machine_suffix
+                )
+                for job in jobs
+                for host in job.hosts
+            }
             if run.settings.verify:
                 built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
                 verify(run, fleet, envelopes, built)
@@ -121,9 +158,19 @@ def publish(run: Run, envelopes: dict[str, PerHostEnvelope]) -> str:
 
 def build_one(run: Run, worker: Worker, command: str, crate: str) -> PerHostEnvelope:
     """``build-host``: one host's build, its envelope entry on success."""
-    jobs = plan_builds([worker], run.cluster.controller.docker, command, crate, shared=False)
+    machine = host_machines(run).get(worker.host)
+    controller = run.cluster.controller
+    jobs = plan_builds(
+        [worker],
+        controller.docker,
+        command,
+        crate,
+        shared=False,
+        machines={worker.host: machine} if machine else None,
+        cross=controller.cross,
+    )
     run_builds(run, jobs)
-    return PerHostEnvelope.for_worker(worker, command, crate)
+    return PerHostEnvelope.for_worker(worker, command, crate, machine)
 
 
 def read_envelopes(run: Run) -> tuple[str, str]:

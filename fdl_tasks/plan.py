@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Arch, ComposeService, Controller, DockerSettings, Worker
+from fdl_tasks.model import Arch, ComposeService, Controller, CrossSetup, DockerSettings, Worker
 from fdl_tasks.rules import (
     CLUSTER_TARGET,
     CUDA_TAG_FIELD,
     CUDA_VERSION_FIELD,
+    GNU_TARGETS,
     PROFILE_DIR,
     Cuda,
     arch_cuda,
-    arch_slug,
     binary_path,
+    build_slug,
     cargo_features,
+    cross_env,
     join_path,
     libtorch_dir,
     require_arch,
@@ -40,6 +42,16 @@ SHARED_DIR = f"{CLUSTER_TARGET}/_shared"
 
 
 @attrs.frozen
+class CrossBuild:
+    """A build for hosts of another CPU architecture than the controller's."""
+
+    machine: str
+    target: str
+    linker: str
+    service: str | None = None  # compose mode: the service that cross-builds
+
+
+@attrs.frozen
 class BuildSpec:
     """Everything that makes two builds produce the same binary."""
 
@@ -48,6 +60,12 @@ class BuildSpec:
     image: str | None
     crate_dir: str
     command: str
+    cross: CrossBuild | None = None
+
+    @property
+    def machine_suffix(self) -> str | None:
+        """The CPU architecture in directory names, for cross builds only."""
+        return self.cross.machine if self.cross else None
 
 
 @attrs.frozen
@@ -62,10 +80,11 @@ class BuildJob:
     @property
     def built_binary(self) -> str:
         """Where cargo leaves the binary, relative to the project root."""
-        return f"{self.target_dir}/{PROFILE_DIR}/{self.spec.command}"
+        target = f"{self.spec.cross.target}/" if self.spec.cross else ""
+        return f"{self.target_dir}/{target}{PROFILE_DIR}/{self.spec.command}"
 
     def host_binary(self, host: str) -> str:
-        return binary_path(host, self.spec.arch, self.spec.command)
+        return binary_path(host, self.spec.arch, self.spec.command, self.spec.machine_suffix)
 
     @property
     def log_file(self) -> str:
@@ -89,17 +108,36 @@ def resolve_image(docker: DockerSettings, arch: Arch) -> str:
     return docker.image.replace(CUDA_VERSION_FIELD, cuda.version).replace(CUDA_TAG_FIELD, cuda.tag)
 
 
+def cross_build(
+    machine: str, setup: CrossSetup, docker: DockerSettings | ComposeService | None
+) -> CrossBuild:
+    """The cross build for ``machine``: the setup's values, else the GNU defaults."""
+    target, linker = GNU_TARGETS.get(machine, ("", ""))
+    service = (setup.service or docker.service) if isinstance(docker, ComposeService) else None
+    return CrossBuild(machine, setup.target or target, setup.linker or linker, service)
+
+
 def build_spec(
-    worker: Worker, docker: DockerSettings | ComposeService | None, command: str, crate_dir: str
+    worker: Worker,
+    docker: DockerSettings | ComposeService | None,
+    command: str,
+    crate_dir: str,
+    cross: tuple[str, CrossSetup] | None = None,
 ) -> BuildSpec:
+    """``cross``: the host's CPU architecture and its setup, when it is not the controller's."""
     arch = require_arch(worker)
-    image = resolve_image(docker, arch) if isinstance(docker, DockerSettings) else None
-    return BuildSpec(arch, cargo_features(arch), image, crate_dir, command)
+    image = None
+    if isinstance(docker, DockerSettings):
+        chosen = cross[1].image if cross and cross[1].image else docker.image
+        image = resolve_image(attrs.evolve(docker, image=chosen), arch)
+    build = cross_build(cross[0], cross[1], docker) if cross else None
+    return BuildSpec(arch, cargo_features(arch), image, crate_dir, command, build)
 
 
 def _shared_name(spec: BuildSpec) -> str:
-    digest = hashlib.sha256(repr(attrs.astuple(spec)).encode()).hexdigest()[:10]
-    return f"_shared/{arch_slug(spec.arch)}-{digest}"
+    identity = attrs.astuple(spec)[:-1] if spec.cross is None else attrs.astuple(spec)
+    digest = hashlib.sha256(repr(identity).encode()).hexdigest()[:10]
+    return f"_shared/{build_slug(spec.arch, spec.machine_suffix)}-{digest}"
 
 
 def plan_builds(
@@ -108,12 +146,24 @@ def plan_builds(
     command: str,
     crate_dir: str,
     shared: bool,
+    *,
+    machines: Mapping[str, str] | None = None,
+    cross: Mapping[str, CrossSetup] | None = None,
 ) -> list[BuildJob]:
-    """One job per distinct build when ``shared``, else one per host."""
-    specs = {w.host: build_spec(w, docker, command, crate_dir) for w in workers}
+    """One job per distinct build when ``shared``, else one per host.
+
+    ``machines`` names the hosts whose CPU architecture is not the controller's;
+    each needs its ``cross`` setup.
+    """
+    setups = {}
+    for host, machine in (machines or {}).items():
+        if machine not in (cross or {}):
+            raise FdlError(f"host {host!r} is {machine}, but controller.cross has no entry for it")
+        setups[host] = (machine, (cross or {})[machine])
+    specs = {w.host: build_spec(w, docker, command, crate_dir, setups.get(w.host)) for w in workers}
     if not shared:
         return [
-            BuildJob(host, spec, (host,), target_dir(host, spec.arch))
+            BuildJob(host, spec, (host,), target_dir(host, spec.arch, spec.machine_suffix))
             for host, spec in specs.items()
         ]
     groups: dict[BuildSpec, list[str]] = {}
@@ -126,9 +176,15 @@ def plan_builds(
 
 
 def cargo_argv(spec: BuildSpec) -> list[str]:
-    """``cargo build --release [--features cuda] --bin <cmd>``, in flodl's order."""
+    """``cargo build --release [--features cuda] [--target T] --bin <cmd>`` (flodl's order)."""
     features = ["--features", ",".join(spec.features)] if spec.features else []
-    return ["cargo", "build", "--release", *features, "--bin", spec.command]
+    target = ["--target", spec.cross.target] if spec.cross else []
+    return ["cargo", "build", "--release", *features, *target, "--bin", spec.command]
+
+
+def cross_variables(spec: BuildSpec) -> dict[str, str]:
+    """The cross linker (and C/C++ compilers) for a cross build; none otherwise."""
+    return cross_env(spec.cross.target, spec.cross.linker) if spec.cross else {}
 
 
 def container_name(run_id: str, job: BuildJob) -> str:
@@ -161,7 +217,7 @@ def docker_command(
         "-e",
         f"LIBTORCH_PATH={docker.libtorch}",
     ]
-    for name, value in docker.env.items():
+    for name, value in {**docker.env, **cross_variables(job.spec)}.items():
         argv += ["-e", f"{name}={value}"]
     argv += [*docker.run_args, image, *cargo_argv(job.spec)]
     return shlex.join(argv)
@@ -215,10 +271,12 @@ def compose_command(
     name and the run's labels are what fdl-tasks adds.
     """
     target = join_path(compose.workspace, job.target_dir)
+    cross = [f"{k}={v}" for k, v in cross_variables(job.spec).items()]
     inner = f"cd {shlex.quote(join_path(compose.workspace, job.spec.crate_dir))} && " + shlex.join(
-        [f"CARGO_TARGET_DIR={target}", *cargo_argv(job.spec)]
+        [f"CARGO_TARGET_DIR={target}", *cross, *cargo_argv(job.spec)]
     )
     variables = compose_environment(controller.path, job.spec.arch, ids)
+    service = job.spec.cross.service if job.spec.cross else None
     argv = [
         "env",
         *(f"{name}={value}" for name, value in variables.items()),
@@ -227,7 +285,7 @@ def compose_command(
         "--rm",
         "-T",
         *_container_identity(run_id, job),
-        compose.service,
+        service or compose.service,
         "bash",
         "-c",
         inner,
@@ -245,6 +303,7 @@ def native_command(job: BuildJob, controller: Controller) -> str:
     env = [
         f"LIBTORCH_PATH={libtorch_dir(controller.path, job.spec.arch)}",
         f"CARGO_TARGET_DIR={join_path(controller.path, job.target_dir)}",
+        *(f"{k}={v}" for k, v in cross_variables(job.spec).items()),
     ]
     return f"cd {shlex.quote(crate)} && exec " + shlex.join(
         ["setsid", "env", *env, *cargo_argv(job.spec)]

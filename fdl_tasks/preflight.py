@@ -6,6 +6,7 @@ import os
 import platform
 import shlex
 import subprocess
+from collections.abc import Iterable
 
 from fdl_tasks.model import Cluster, Controller, Worker
 from fdl_tasks.outcomes import Failure
@@ -23,7 +24,7 @@ from fdl_tasks.run import Run
 from fdl_tasks.settings import Settings
 
 
-def local_build_environment() -> BuildEnvironment:
+def local_build_environment(cross: Iterable[str] = ()) -> BuildEnvironment:
     """The controller's machine and glibc: what a native or Docker build targets.
 
     Docker images run on the controller's kernel, so the CPU architecture is
@@ -33,7 +34,7 @@ def local_build_environment() -> BuildEnvironment:
     glibc = os.confstr("CS_GNU_LIBC_VERSION") or ""
     parts = glibc.split()[-1].split(".")[:2] if glibc.startswith("glibc") else []
     version = (int(parts[0]), int(parts[1])) if len(parts) == 2 else None
-    return BuildEnvironment(platform.machine(), version)
+    return BuildEnvironment(platform.machine(), version, frozenset(cross))
 
 
 def controller_entry(cluster: Cluster, label: str) -> Worker | Controller:
@@ -59,12 +60,13 @@ def probe_controller(cluster: Cluster, label: str, settings: Settings) -> Verdic
 
 
 def probe_remotes(
-    fleet: Fleet, workers: tuple[Worker, ...], settings: Settings, abi: bool
+    fleet: Fleet, workers: tuple[Worker, ...], settings: Settings, abi: bool, cross: Iterable[str]
 ) -> list[Verdict]:
     """One round trip per remote host, all in parallel; unreachable is a warning."""
     requests = {w.host: ProbeRequest.for_host(w, abi) for w in workers}
     outcomes = fleet.run({h: r.script() for h, r in requests.items()}, settings.probe_timeout)
-    build = local_build_environment()
+    build = local_build_environment(cross)
+    pins = {w.host: w.cpu_arch for w in workers}
     verdicts = []
     for host, request in requests.items():
         outcome = outcomes[host]
@@ -77,7 +79,8 @@ def probe_remotes(
                 host, request, f"the probe exited {outcome.exited}: {outcome.stderr.strip()[-200:]}"
             )
         else:
-            verdict = judge(host, request, parse_facts(outcome.stdout), build)
+            facts = parse_facts(outcome.stdout)
+            verdict = judge(host, request, facts, build, pinned=pins[host])
         verdicts.append(verdict)
     return verdicts
 
@@ -107,5 +110,5 @@ def run_preflight(run: Run, fleet: Fleet, abi: bool) -> list[Verdict]:
     )
     return [
         probe_controller(run.cluster, run.controller, run.settings),
-        *probe_remotes(fleet, remotes, run.settings, abi),
+        *probe_remotes(fleet, remotes, run.settings, abi, run.cluster.controller.cross),
     ]

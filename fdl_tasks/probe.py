@@ -107,10 +107,14 @@ def parse_facts(stdout: str) -> ProbeFacts | None:
 
 @attrs.frozen
 class BuildEnvironment:
-    """The controller side of the ABI gate: where the shipped binary is built."""
+    """The controller side of the ABI gate: where the shipped binary is built.
+
+    ``cross`` holds the CPU architectures the controller can also build for.
+    """
 
     machine: str
     glibc: tuple[int, int] | None
+    cross: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -152,6 +156,7 @@ def judge(
     build: BuildEnvironment,
     *,
     local: bool = False,
+    pinned: str | None = None,
 ) -> Verdict:
     """Apply SPEC's preflight policy to what one host answered."""
     errors: list[str] = []
@@ -166,20 +171,29 @@ def judge(
     elif facts.data == "unreadable":
         errors.append(f"data_path {path} exists but is not readable by the login user")
     if request.abi and facts is not None:
-        _abi_gate(facts, build, errors, warnings)
+        _abi_gate(facts, build, pinned, errors, warnings)
     status: Status = "error" if errors else "warning" if warnings else "ok"
     return Verdict(host, status, tuple(errors), tuple(warnings), facts, path, local)
 
 
 def _abi_gate(
-    facts: ProbeFacts, build: BuildEnvironment, errors: list[str], warnings: list[str]
+    facts: ProbeFacts,
+    build: BuildEnvironment,
+    pinned: str | None,
+    errors: list[str],
+    warnings: list[str],
 ) -> None:
-    if facts.uname_m is None:
+    machine = pinned or facts.uname_m
+    if pinned and facts.uname_m and pinned != facts.uname_m:
+        errors.append(f"cpu_arch pins {pinned}, but 'uname -m' says {facts.uname_m}")
+    elif machine is None:
         warnings.append("'uname -m' gave no answer: CPU architecture not checked")
-    elif facts.uname_m != build.machine:
+    elif machine != build.machine and machine not in build.cross:
         errors.append(
-            f"CPU architecture {facts.uname_m} differs from the build environment's "
-            f"{build.machine}: a controller-built binary cannot run there"
+            f"CPU architecture {machine} differs from the build environment's "
+            f"{build.machine} and controller.cross has no entry for {machine}: add "
+            f"'cross: {{{machine}: {{}}}}' under controller (with an 'image:' or "
+            "'service:' that can cross-build, in Docker) to build it its own binary"
         )
     if facts.musl:
         errors.append("musl libc: the build images are glibc-based, the binary cannot run there")

@@ -71,6 +71,26 @@ def arch_cuda(arch: Arch) -> Cuda | None:
     return Cuda.parse(f"{int(match.group(1))}.{match.group(2)}") if match else None
 
 
+#: Rust targets and GNU cross compilers by ``uname -m`` machine (Debian's names).
+GNU_TARGETS = {
+    "x86_64": ("x86_64-unknown-linux-gnu", "x86_64-linux-gnu-gcc"),
+    "aarch64": ("aarch64-unknown-linux-gnu", "aarch64-linux-gnu-gcc"),
+    "ppc64le": ("powerpc64le-unknown-linux-gnu", "powerpc64le-linux-gnu-gcc"),
+    "riscv64": ("riscv64gc-unknown-linux-gnu", "riscv64-linux-gnu-gcc"),
+    "armv7l": ("armv7-unknown-linux-gnueabihf", "arm-linux-gnueabihf-gcc"),
+}
+
+
+def cross_env(target: str, linker: str) -> dict[str, str]:
+    """cargo's linker for ``target`` and, for build scripts that compile C/C++ (the ``cc``
+    crate), the matching compilers: ``CARGO_TARGET_<T>_LINKER``, ``CC_<t>``, ``CXX_<t>``."""
+    snake = target.replace("-", "_")
+    environment = {f"CARGO_TARGET_{snake.upper()}_LINKER": linker}
+    if linker.endswith("gcc"):
+        environment |= {f"CC_{snake}": linker, f"CXX_{snake}": linker[: -len("gcc")] + "g++"}
+    return environment
+
+
 def check_command(name: str) -> str:
     """The command is cargo's ``--bin`` name and a file name on every host."""
     if not _COMMAND.fullmatch(name):
@@ -119,18 +139,24 @@ def require_arch(worker: Worker) -> Arch:
     return worker.arch
 
 
-def target_dir(host: str, arch: Arch) -> str:
-    """``target/cluster/<host>/<arch-slug>``: keyed by host and arch.
+def build_slug(arch: Arch, cross: str | None = None) -> str:
+    """The arch's slug, with the CPU architecture appended for a cross build."""
+    return f"{arch_slug(arch)}-{cross}" if cross else arch_slug(arch)
+
+
+def target_dir(host: str, arch: Arch, cross: str | None = None) -> str:
+    """``target/cluster/<host>/<arch-slug>[-<cpu arch>]``: keyed by host, arch and CPU.
 
     Docker mounts every variant at the same container path, so cargo's own
     fingerprint cannot see an arch swap; a new arch must mean a new directory.
+    ``cross`` is the host's CPU architecture when it is not the controller's.
     """
-    return f"{CLUSTER_TARGET}/{host}/{arch_slug(arch)}"
+    return f"{CLUSTER_TARGET}/{host}/{build_slug(arch, cross)}"
 
 
-def binary_path(host: str, arch: Arch, command: str) -> str:
+def binary_path(host: str, arch: Arch, command: str, cross: str | None = None) -> str:
     """The binary relative to the project root (and to every worker's ``path``)."""
-    return f"{target_dir(host, arch)}/{PROFILE_DIR}/{command}"
+    return f"{target_dir(host, arch, cross)}/{PROFILE_DIR}/{command}"
 
 
 def libtorch_dir(root: str, arch: Arch) -> str:

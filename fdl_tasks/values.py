@@ -14,13 +14,16 @@ from typing import Annotated
 from fdl_tasks.model import (
     AbsPath,
     Arch,
+    CpuArch,
     CudaRelease,
     EnvName,
     EnvValue,
     HostLabel,
     LaunchEnvName,
     Port,
+    Program,
     RamShare,
+    RustTarget,
     ServiceName,
     SshOption,
 )
@@ -29,6 +32,8 @@ from fdl_tasks.rules import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, Cuda, split_ssh_
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ARCH_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MACHINE = re.compile(r"[a-z0-9][a-z0-9_]*")
+_TARGET = re.compile(r"[a-z0-9_]+(?:-[a-z0-9_.]+){2,3}")
 _SERVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: Variables flodl's launcher sets per rank; fdl-cli refuses them in a cluster's ``env``.
 LAUNCHER_OWNED = frozenset(
@@ -184,6 +189,36 @@ def check_ram_share(value: object) -> RamShare:
             f"must be a non-negative fraction of host RAM (e.g. 0.5), got {quote(value)}"
         )
     return float(value)
+
+
+def check_cpu_arch(value: object) -> CpuArch:
+    text = check_text(value)
+    if not _MACHINE.fullmatch(text):
+        raise InvalidValue(
+            f"CPU architecture {quote(text)} must be a name as 'uname -m' prints it, "
+            "such as 'x86_64' or 'aarch64'"
+        )
+    return text
+
+
+def check_rust_target(value: object) -> RustTarget:
+    text = check_text(value)
+    if not _TARGET.fullmatch(text):
+        raise InvalidValue(
+            f"Rust target {quote(text)} must be a target triple such as 'aarch64-unknown-linux-gnu'"
+        )
+    return text
+
+
+def check_program(value: object) -> Program:
+    """A linker or compiler: a command name or an absolute path, one word."""
+    text = check_text(value)
+    if not text or text.startswith("-") or any(c.isspace() for c in text):
+        raise InvalidValue(
+            f"program {quote(text)} must be one word, a command name or an absolute path "
+            "(e.g. 'aarch64-linux-gnu-gcc')"
+        )
+    return text
 
 
 def check_env_value(value: object) -> EnvValue:

@@ -52,7 +52,8 @@ def required_glibc(binary: Path) -> tuple[int, int] | None:
 
 
 def verification_script(worker_path: str, entry: PerHostEnvelope) -> str:
-    """Hash the binary, list unresolved libraries, report the libc: one round trip."""
+    """Hash the binary, read its ELF header, list unresolved libraries, report the host's
+    libc and CPU architecture: one round trip, in the host's own view of the paths."""
     binary = shlex.quote(join_path(worker_path, entry.bin))
     library_path = shlex.quote(entry.ld_library_path)
     return "\n".join(
@@ -63,10 +64,31 @@ def verification_script(worker_path: str, entry: PerHostEnvelope) -> str:
             f"LD_LIBRARY_PATH={library_path} ldd {binary} 2>&1 | "
             "sed -n 's/^[[:space:]]*\\([^[:space:]]*\\) => not found.*/missing_lib=\\1/p'",
             "printf 'libc=%s\\n' \"$(ldd --version 2>&1 | head -n 2 | tr '\\n' ' ')\"",
+            "printf 'uname_m=%s\\n' \"$(uname -m 2>/dev/null)\"",
+            f"[ -f {binary} ] && printf 'elf=%s\\n' "
+            f"\"$(od -An -tu1 -N20 {binary} | tr -s ' \\n' ' ')\"",
             f"echo {END}",
             "exit 0",
         ]
     )
+
+
+#: ELF ``e_machine`` values and the ``uname -m`` names of their CPU architectures.
+ELF_MACHINES = {62: "x86_64", 183: "aarch64", 21: "ppc64le", 243: "riscv64", 40: "armv7l"}
+
+
+def elf_machine(header: str) -> str | None:
+    """The CPU architecture an ELF header (its first 20 bytes, as decimal numbers) is for.
+
+    ``None`` for something that is not an ELF file; the number itself for an
+    architecture this table does not name.
+    """
+    data = [int(b) for b in header.split() if b.isdigit()]
+    if len(data) < 20 or data[:4] != [127, 69, 76, 70]:
+        return None
+    low, high = (data[18], data[19]) if data[5] == 1 else (data[19], data[18])
+    number = low | high << 8
+    return ELF_MACHINES.get(number, f"ELF machine {number}")
 
 
 @attrs.frozen
@@ -76,6 +98,8 @@ class RemoteCopy:
     sha256: str | None
     missing_libraries: tuple[str, ...]
     libc: ProbeFacts
+    machine: str | None = None  # the host's ``uname -m``
+    binary_machine: str | None = None  # what the copy's ELF header says it is for
 
 
 def parse_verification(stdout: str) -> RemoteCopy | None:
@@ -88,6 +112,8 @@ def parse_verification(stdout: str) -> RemoteCopy | None:
         sha256=None if sha in (None, "missing") else sha,
         missing_libraries=tuple(v for k, v in pairs if k == "missing_lib"),
         libc=ProbeFacts(data=None, libc=answers.get("libc") or None),
+        machine=answers.get("uname_m") or None,
+        binary_machine=elf_machine(answers.get("elf", "")),
     )
 
 
@@ -103,6 +129,11 @@ def delivery_problems(
             f"{host}: {path} differs from the controller's build (remote sha256 "
             f"{copy.sha256[:16]}…, controller {expected_sha[:16]}…): stale or "
             "lagging shared mount"
+        )
+    if copy.machine and copy.binary_machine and copy.machine != copy.binary_machine:
+        problems.append(
+            f"{host}: {path} is a {copy.binary_machine} binary but the host is {copy.machine}: "
+            "it cannot run there"
         )
     if copy.missing_libraries:
         problems.append(

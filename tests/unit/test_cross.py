@@ -1,0 +1,163 @@
+"""Cross builds for hosts of another CPU architecture: configuration, plans, gate, checks."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import pytest
+
+from fdl_tasks.errors import FdlError
+from fdl_tasks.loader import parse_cluster
+from fdl_tasks.model import Cluster, ComposeService, DockerSettings
+from fdl_tasks.plan import compose_command, docker_command, native_command, plan_builds
+from fdl_tasks.probe import BuildEnvironment, ProbeFacts, ProbeRequest, judge
+from fdl_tasks.verify import RemoteCopy, delivery_problems, elf_machine
+
+ARM = "aarch64-unknown-linux-gnu"
+
+
+def cluster(docker: Any = None, cross: Any = None, **arm: Any) -> Cluster:
+    controller: dict[str, Any] = {"path": "/srv/p"}
+    if docker is not None:
+        controller["docker"] = docker
+    if cross is not None:
+        controller["cross"] = cross
+    workers = [
+        {"host": "x1", "path": "/m", "arch": "precompiled/cu128"},
+        {"host": "x2", "path": "/m", "arch": "precompiled/cu126"},
+        {"host": "gh200", "path": "/m", "arch": "precompiled/cu128", **arm},
+        {"host": "spark", "path": "/m", "arch": "precompiled/cu128"},
+    ]
+    return parse_cluster({"controller": controller, "workers": workers}, "c.yaml")
+
+
+def plan(c: Cluster, machines: dict[str, str], shared: bool = True) -> list[Any]:
+    docker = c.controller.docker
+    return plan_builds(
+        c.workers, docker, "bench", "", shared, machines=machines, cross=c.controller.cross
+    )
+
+
+def test_one_build_per_variant_and_cpu_architecture() -> None:
+    c = cluster(cross={"aarch64": {}})
+    jobs = plan(c, {"gh200": "aarch64", "spark": "aarch64"})
+    by_hosts = {job.hosts: job for job in jobs}
+    assert sorted(by_hosts) == [("gh200", "spark"), ("x1",), ("x2",)]
+    arm = by_hosts[("gh200", "spark")]
+    assert arm.spec.cross is not None and arm.spec.cross.target == ARM
+    assert arm.spec.cross.linker == "aarch64-linux-gnu-gcc"
+    assert arm.target_dir.startswith("target/cluster/_shared/precompiled-cu128-aarch64-")
+    assert arm.built_binary == f"{arm.target_dir}/{ARM}/release/bench"
+    assert (
+        arm.host_binary("gh200") == "target/cluster/gh200/precompiled-cu128-aarch64/release/bench"
+    )
+    assert (
+        by_hosts[("x1",)].host_binary("x1") == "target/cluster/x1/precompiled-cu128/release/bench"
+    )
+
+
+def test_per_host_cross_target_dir_carries_the_cpu_architecture() -> None:
+    c = cluster(cross={"aarch64": {}})
+    jobs = {job.hosts[0]: job for job in plan(c, {"gh200": "aarch64"}, shared=False)}
+    assert jobs["gh200"].target_dir == "target/cluster/gh200/precompiled-cu128-aarch64"
+    assert jobs["x1"].target_dir == "target/cluster/x1/precompiled-cu128"
+
+
+def test_a_host_without_a_cross_setup_is_refused_when_planned() -> None:
+    with pytest.raises(FdlError, match=r"controller\.cross has no entry"):
+        plan(cluster(), {"gh200": "aarch64"})
+
+
+def test_docker_cross_build_uses_its_image_target_and_linker() -> None:
+    docker = {"image": "flodl-cuda:{cuda_tag}"}
+    cross = {"aarch64": {"image": "flodl-cross-arm64:{cuda_tag}"}}
+    c = cluster(docker, cross)
+    assert isinstance(c.controller.docker, DockerSettings)
+    arm = next(j for j in plan(c, {"gh200": "aarch64"}) if j.spec.cross)
+    argv = shlex.split(docker_command(arm, c.controller, c.controller.docker, "r", None))
+    assert "flodl-cross-arm64:12.8" in argv
+    assert "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc" in argv
+    assert "CXX_aarch64_unknown_linux_gnu=aarch64-linux-g++" not in argv
+    assert "CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++" in argv
+    assert argv[-4:] == ["--target", ARM, "--bin", "bench"]
+
+
+def test_native_and_compose_cross_builds() -> None:
+    c = cluster(cross={"aarch64": {"linker": "/opt/gcc/bin/aarch64-gcc"}})
+    arm = next(j for j in plan(c, {"gh200": "aarch64"}) if j.spec.cross)
+    native = shlex.split(native_command(arm, c.controller).split(" && exec ")[1])
+    assert "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=/opt/gcc/bin/aarch64-gcc" in native
+    assert native[-4:] == ["--target", ARM, "--bin", "bench"]
+    composed = cluster("cuda", {"aarch64": {"service": "cuda-arm64"}})
+    assert isinstance(composed.controller.docker, ComposeService)
+    arm = next(j for j in plan(composed, {"gh200": "aarch64"}) if j.spec.cross)
+    line = compose_command(
+        arm, composed.controller, composed.controller.docker, ["docker", "compose"], "r", (0, 0)
+    )
+    argv = shlex.split(line.split(" && exec ")[1])
+    assert argv[-4] == "cuda-arm64"
+    assert f"--target {ARM} --bin bench" in argv[-1]
+    assert "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc" in argv[-1]
+
+
+@pytest.mark.parametrize(
+    ("cross", "fragment"),
+    [
+        ({"sparc64": {}}, "no default Rust target and linker are known for sparc64"),
+        ({"aarch64": {"image": "x"}}, "controller.cross['aarch64'].image: only for"),
+        ({"aarch64": {"target": "not a triple"}}, "must be a target triple"),
+        ({"AArch64": {}}, "as 'uname -m' prints it"),
+        ({"aarch64": {"linker": "-evil"}}, "must be one word"),
+    ],
+)
+def test_cross_setups_are_checked_at_the_edge(cross: Any, fragment: str) -> None:
+    with pytest.raises(FdlError) as caught:
+        cluster(None, cross)
+    assert fragment in str(caught.value)
+
+
+def test_cpu_arch_pin_is_validated() -> None:
+    with pytest.raises(FdlError, match=r"workers\[2\]\.cpu_arch"):
+        cluster(cpu_arch="arm 64")
+    assert cluster(cpu_arch="aarch64").workers[2].cpu_arch == "aarch64"
+
+
+BUILD = BuildEnvironment("x86_64", (2, 36), frozenset({"aarch64"}))
+REQUEST = ProbeRequest("/d", False, True)
+
+
+def facts(machine: str | None) -> ProbeFacts:
+    return ProbeFacts("ok", machine, "ldd (GNU libc) 2.36", True)
+
+
+def test_the_abi_gate_lets_a_cross_built_architecture_through() -> None:
+    assert judge("h", REQUEST, facts("aarch64"), BUILD).status == "ok"
+    refused = judge("h", REQUEST, facts("ppc64le"), BUILD)
+    assert refused.status == "error"
+    assert "add 'cross: {ppc64le: {}}' under controller" in refused.errors[0]
+
+
+def test_a_pin_answers_for_a_silent_uname_and_must_agree_with_a_loud_one() -> None:
+    assert judge("h", REQUEST, facts(None), BUILD, pinned="aarch64").status == "ok"
+    wrong = judge("h", REQUEST, facts("x86_64"), BUILD, pinned="aarch64")
+    assert "cpu_arch pins aarch64, but 'uname -m' says x86_64" in wrong.errors[0]
+
+
+X86_HEADER = "127 69 76 70 2 1 1 0 0 0 0 0 0 0 0 0 3 0 62 0"
+ARM_HEADER = "127 69 76 70 2 1 1 0 0 0 0 0 0 0 0 0 3 0 183 0"
+
+
+def test_elf_machine_from_the_header() -> None:
+    assert elf_machine(X86_HEADER) == "x86_64"
+    assert elf_machine(ARM_HEADER) == "aarch64"
+    assert elf_machine("35 33 47 98") is None  # "#!/b": a script, not ELF
+    assert elf_machine(X86_HEADER.replace(" 62 0", " 2 1")) == "ELF machine 258"
+
+
+def test_a_binary_for_another_cpu_is_refused_naming_both() -> None:
+    copy = RemoteCopy("aa", (), ProbeFacts(None), machine="aarch64", binary_machine="x86_64")
+    problems = delivery_problems("gh200", "/m/bin", copy, "aa", None)
+    assert problems == [
+        "gh200: /m/bin is a x86_64 binary but the host is aarch64: it cannot run there"
+    ]
