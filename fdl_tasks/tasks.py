@@ -73,7 +73,13 @@ def preflight(
     pipeline.preflight(run, abi=not no_prebuild, as_json=json)
 
 
-@task(help={**HELP, "host": "the worker's host label in cluster.yaml"})
+@task(
+    help={
+        **HELP,
+        "host": "the worker's host label in cluster.yaml",
+        "no-cache": "build without the compile cache (sccache)",
+    }
+)
 @user_errors
 def build_host(
     c: Context,
@@ -82,10 +88,16 @@ def build_host(
     crate_dir: str | None = None,
     cluster_file: str | None = None,
     controller_host: str | None = None,
+    no_cache: bool = False,
     json: bool = False,
 ) -> None:
     """Build one host's binary against its own libtorch; print its envelope entry."""
-    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host)
+    run = Run.start(
+        c,
+        cluster_file=cluster_file,
+        controller_host=controller_host,
+        compile_cache=False if no_cache else None,
+    )
     worker = run.cluster.worker(host)
     if worker.host == run.controller:
         raise FdlError(f"{host!r} is the controller: its build is the normal local build")
@@ -104,6 +116,7 @@ def build_host(
         "per-host": "one build per host even where builds are identical (full isolation)",
         "no-verify": "skip delivery verification (hash, libraries, glibc) on the hosts",
         "timeout": "seconds one build may take (default: fdl.build_timeout)",
+        "no-cache": "build without the compile cache (sccache), every build from scratch",
     }
 )
 @user_errors
@@ -118,6 +131,7 @@ def prebuild(
     per_host: bool = False,
     no_verify: bool = False,
     timeout: float | None = None,
+    no_cache: bool = False,
     json: bool = False,
 ) -> None:
     """Preflight, then build CMD once per remote libtorch variant and publish the envelope."""
@@ -129,6 +143,7 @@ def prebuild(
         build_timeout=timeout,
         shared_builds=False if per_host else None,
         verify=False if no_verify else None,
+        compile_cache=False if no_cache else None,
     )
     command = check_command(cmd)
     if no_prebuild:

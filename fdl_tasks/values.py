@@ -263,6 +263,8 @@ Seconds = Annotated[float, "Seconds"]
 Count = Annotated[int, "Count"]
 #: A switch: a boolean, or 1/0, true/false, yes/no as text (Invoke's casting).
 Switch = Annotated[bool, "Switch"]
+#: sccache's size bound: a number with an optional K, M, G or T.
+CacheSize = Annotated[str, "CacheSize"]
 _SWITCH_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -296,3 +298,10 @@ def check_switch(value: object) -> Switch:
     if isinstance(value, str) and value.lower() in _SWITCH_WORDS:
         return _SWITCH_WORDS[value.lower()]
     raise InvalidValue(f"must be bool (true or false, yes or no, 1 or 0), got {quote(value)}")
+
+
+def check_cache_size(value: object) -> CacheSize:
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
+        raise InvalidValue(f"must be a size such as '10G' or '500M', got {quote(value)}")
+    return text
