@@ -1,9 +1,10 @@
 """Generate the benchmark crate: a zero-dependency ``[[bin]]`` heavy enough to build slowly.
 
 The crate links the stub libtorch exactly like ``rig/fixture/ddp-bench`` does
-(``build.rs`` reads ``LIBTORCH_PATH``, emits ``cargo:rustc-link-lib=dylib=torch``
-without an rpath; feature ``cuda``), and its ``main`` calls the stub's
-``fdl_torch_variant()`` so the binary really needs ``libtorch.so`` at run time.
+(its ``build.rs`` is that crate's, which reads ``LIBTORCH_PATH`` and emits
+``cargo:rustc-link-lib=dylib=torch`` without an rpath; feature ``cuda``), and its
+``main`` calls the stub's ``fdl_torch_variant()`` so the binary really needs
+``libtorch.so`` at run time.
 The bulk is generated Rust: ``modules`` modules, each with a generic vector
 type, a trait with default methods, and generic iterator-heavy functions that
 ``run()`` instantiates for eight numeric types; every result goes through
@@ -35,49 +36,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from rig.project import FIXTURE_DIR
+
 __all__ = ["DEFAULT_MODULES", "DEFAULT_NAME", "generate", "time_cold_build"]
 
 DEFAULT_NAME = "big-bench"
 #: Calibrated on the 2-core benchmark machine: about 10-15 s for a cold native release build.
 DEFAULT_MODULES = 5
 
+#: The fixture crate's build script: the generated crate links the stub libtorch the same way.
+FIXTURE_BUILD_RS = FIXTURE_DIR / "ddp-bench" / "build.rs"
+
 _TYPES = ("u8", "u16", "u32", "u64", "i16", "i32", "i64", "usize")
 
-_BUILD_RS = """\
-//! Links against the stub `libtorch.so` found under `$LIBTORCH_PATH/lib`
-//! (same logic as rig/fixture/ddp-bench/build.rs).
-//!
-//! Deliberately emits no rpath: the binary only starts when the loader can
-//! find the right `libtorch.so` through `LD_LIBRARY_PATH`.
-use std::env;
-use std::path::PathBuf;
-
-fn main() {
-    println!("cargo:rerun-if-env-changed=LIBTORCH_PATH");
-    let root = match env::var_os("LIBTORCH_PATH") {
-        Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => panic!(
-            "NAME: LIBTORCH_PATH is not set; point it at a libtorch \\
-             directory that contains lib/libtorch.so"
-        ),
-    };
-    let lib_dir = root.join("lib");
-    if !lib_dir.is_dir() {
-        panic!(
-            "NAME: LIBTORCH_PATH={} has no lib/ directory (expected {})",
-            root.display(),
-            lib_dir.display()
-        );
-    }
-    let lib_file = lib_dir.join("libtorch.so");
-    if !lib_file.is_file() {
-        panic!("NAME: {} does not exist", lib_file.display());
-    }
-    println!("cargo:rerun-if-changed={}", lib_file.display());
-    println!("cargo:rustc-link-search=native={}", lib_dir.display());
-    println!("cargo:rustc-link-lib=dylib=torch");
-}
-"""
 
 _CARGO_TOML = """\
 [package]
@@ -271,7 +242,9 @@ def generate(
                 stale.unlink()
     _write_if_changed(dest / "Cargo.toml", _CARGO_TOML.replace("NAME", name))
     _write_if_changed(dest / "Cargo.lock", _CARGO_LOCK.replace("NAME", name))
-    _write_if_changed(dest / "build.rs", _BUILD_RS.replace("NAME", name))
+    _write_if_changed(
+        dest / "build.rs", FIXTURE_BUILD_RS.read_text().replace("ddp-bench:", f"{name}:")
+    )
     for i in range(modules):
         _write_if_changed(gen / f"m{i}.rs", _module(i, funcs))
     _write_if_changed(gen / "mod.rs", "".join(f"pub mod m{i};\n" for i in range(modules)))

@@ -24,9 +24,9 @@ Ctrl-C or an error):
 - dockerd and the builder image (:mod:`rig.docker_builder`).
 
 Every ``inv`` run is the real entry point, ``python3 -m invoke ...``, in
-``/var/tmp/fdl-bench/work`` (a ``tasks.py`` with ``from fdl_tasks import ns``), with
-``FLODL_HOST_NAME=ctrl``, ``INVOKE_FDL_KNOWN_HOSTS`` in the state dir and a
-nonexistent ``INVOKE_FDL_SSH_CONFIG``.
+``/var/tmp/fdl-bench/work`` (a ``tasks.py`` with ``from fdl_tasks import ns``), in the
+environment of :func:`rig.harness.rig_env`: ``FLODL_HOST_NAME=ctrl``,
+``INVOKE_FDL_KNOWN_HOSTS`` in the state dir, no ssh config file.
 
 Comparisons (A and B alternate within one run: A, B, A, B, ...; medians):
 
@@ -46,7 +46,7 @@ Comparisons (A and B alternate within one run: A, B, A, B, ...; medians):
 The table goes to stdout; everything (samples, medians, per-phase timings taken
 from the time each stderr line of ``inv`` arrived, machine facts) goes to
 ``bench/results.json``. Teardown: ``Rig.down()`` (every sshd it started) and any
-container whose mounts name the bench project (normally none: ``--rm``).
+build container of the bench's runs still present (normally none: ``--rm``).
 """
 
 from __future__ import annotations
@@ -60,29 +60,34 @@ import platform
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+import psutil
 
 from bench import crate_gen
+from fdl_tasks.console import format_table
+from fdl_tasks.files import write_atomically
+from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.probe import END, ProbeRequest
-from rig.docker_builder import (
-    BUILDER_IMAGE,
-    RIG_TAGS,
-    ensure_builder_image,
-    ensure_dockerd,
-    toolchain_run_args,
+from rig.harness import (
+    Running,
+    bring_up,
+    builder_settings,
+    inv_argv,
+    remove_our_containers,
+    rig_env,
+    rig_worker,
+    write_cluster,
+    write_tasks_file,
 )
-from rig.project import libtorch_dir, make_project
+from rig.project import libtorch_dir
 from rig.sshrig import HostSpec, Rig
 
 STATE = Path("/var/tmp/fdl-bench")
@@ -92,6 +97,7 @@ HOSTS = 32
 VARIANTS = ("precompiled/cu128", "precompiled/cu126")
 CMD = crate_gen.DEFAULT_NAME
 TEARDOWN_S = 30.0
+TIME_FILE = STATE / "work" / "time-v.txt"
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -163,15 +169,8 @@ class Run:
         return phases
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(x) for x in text.split()]
-
-
 def _vm_hwm_kib(pid: int) -> int | None:
+    """The process's peak resident set (``VmHWM``: psutil reports only the current RSS)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -181,11 +180,30 @@ def _vm_hwm_kib(pid: int) -> int | None:
     return None
 
 
+def _sample_vm_hwm(process: subprocess.Popen[str]) -> list[int]:
+    """``VmHWM`` of the process's children every 50 ms until it exits (the inv under time)."""
+    samples: list[int] = []
+    while process.poll() is None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in psutil.Process(process.pid).children():
+                value = _vm_hwm_kib(child.pid)
+                if value is not None:
+                    samples.append(value)
+        time.sleep(0.05)
+    return samples
+
+
+def _time_v_peak_kib() -> int | None:
+    text = TIME_FILE.read_text() if TIME_FILE.is_file() else ""
+    match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    return int(match.group(1)) if match else None
+
+
 class Runner:
     """Runs subprocesses, timing them, and remembers the live one so teardown can stop it."""
 
     def __init__(self) -> None:
-        self.current: subprocess.Popen[str] | None = None
+        self.current: Running | None = None
 
     def run(
         self,
@@ -196,71 +214,26 @@ class Runner:
         timeout: float = 900,
         rss_via_time: bool = False,
     ) -> Run:
-        time_file = STATE / "work" / "time-v.txt"
-        full = list(argv)
         if rss_via_time:
-            full = ["/usr/bin/time", "-v", "-o", str(time_file), *full]
-        lines: list[tuple[float, str]] = []
-        hwm: list[int] = []
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            full,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.current = proc
-        assert proc.stderr is not None and proc.stdout is not None
-        err, out = proc.stderr, proc.stdout
-
-        def read_err() -> None:
-            for line in err:
-                lines.append((time.monotonic() - started, line.rstrip("\n")))
-
-        chunks: list[str] = []
-
-        def read_out() -> None:
-            chunks.append(out.read())
-
-        readers = [threading.Thread(target=read_err), threading.Thread(target=read_out)]
-        for reader in readers:
-            reader.start()
-        if rss_via_time:
-            while proc.poll() is None:  # sample the inv process's own high-water mark
-                for child in _children(proc.pid):
-                    value = _vm_hwm_kib(child)
-                    if value is not None:
-                        hwm.append(value)
-                time.sleep(0.05)
+            argv = ["/usr/bin/time", "-v", "-o", str(TIME_FILE), *argv]
+        running = Running(argv, cwd, env, stdin=subprocess.DEVNULL)
+        self.current = running
+        hwm = _sample_vm_hwm(running.process) if rss_via_time else []
         try:
-            code = proc.wait(timeout=timeout)
+            code = running.finish(timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        seconds = time.monotonic() - started
-        for reader in readers:
-            reader.join()
+            running.process.kill()
+            code = running.finish()
         self.current = None
-        result = Run(seconds, code, "".join(chunks), lines)
+        result = Run(running.seconds, code, running.stdout, running.lines)
         if rss_via_time:
-            text = time_file.read_text() if time_file.is_file() else ""
-            match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
-            result.peak_rss_tree_kib = int(match.group(1)) if match else None
+            result.peak_rss_tree_kib = _time_v_peak_kib()
             result.peak_rss_self_kib = max(hwm) if hwm else None
         return result
 
     def stop(self) -> None:
-        proc = self.current
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if self.current is not None:
+            self.current.stop(timeout=20)
 
 
 # ---------------------------------------------------------------------------- the bench
@@ -303,6 +276,21 @@ class Comparison:
             "notes": self.notes,
         }
 
+    def record(self, a: float, b: float) -> None:
+        """One repetition's A and B."""
+        self.a.append(a)
+        self.b.append(b)
+
+    def conclude(
+        self, ratio: float, limit: float | None, runs_a: Sequence[Run], runs_b: Sequence[Run] = ()
+    ) -> None:
+        """The ratio (or value), whether it is within ``limit``, and the runs' median phases."""
+        self.ratio = ratio
+        self.met = None if limit is None else ratio <= limit
+        self.phases_a = median_phases(runs_a)
+        if runs_b:
+            self.phases_b = median_phases(runs_b)
+
 
 def median_phases(runs: Sequence[Run]) -> dict[str, float]:
     names: dict[str, list[float]] = {}
@@ -329,26 +317,36 @@ class Bench:
         self.results: list[Comparison] = []
         self.facts: dict[str, Any] = {}
         self._up = False
-        self._run_arg_cache: list[str] | None = None
+
+    @property
+    def owner(self) -> str:
+        """What labels the bench's build containers (:data:`rig.harness.OWNER_LABEL`)."""
+        return str(self.project)
+
+    @property
+    def mode(self) -> str:
+        return "docker" if self.docker else "native"
 
     # ---- lifecycle --------------------------------------------------------------------
 
     def up(self) -> None:
         STATE.mkdir(parents=True, exist_ok=True)
-        self.work.mkdir(parents=True, exist_ok=True)
-        (self.work / "tasks.py").write_text("from fdl_tasks import ns\n")
-        self.known_hosts.unlink(missing_ok=True)
+        write_tasks_file(self.work)
         if self.docker:
             log("docker: ensuring dockerd and the builder image")
-            ensure_dockerd()
-            ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
         log(f"rig: starting {HOSTS} sshd on 127.0.1.1-127.0.1.{HOSTS}:{PORT}")
         self._up = True
         started = time.monotonic()
-        self.rig.up(host_specs())
-        log(f"rig: up in {time.monotonic() - started:.1f}s")
         shutil.rmtree(self.project, ignore_errors=True)
-        make_project(self.project, VARIANTS)
+        bring_up(
+            self.rig,
+            host_specs(),
+            self.project,
+            VARIANTS,
+            known_hosts=self.known_hosts,
+            docker=self.docker,
+        )
+        log(f"rig and project: up in {time.monotonic() - started:.1f}s")
         crate = crate_gen.generate(self.project / CMD)
         log(f"project: {self.project} with {crate.name} ({crate_gen.DEFAULT_MODULES} modules)")
         seconds = crate_gen.time_cold_build(crate, libtorch_dir(self.project, VARIANTS[0]))
@@ -364,7 +362,7 @@ class Bench:
         if not self._up:
             return
         with contextlib.suppress(Exception):
-            removed = remove_our_containers(self.project)
+            removed = remove_our_containers(self.owner)
             if removed:
                 log(f"teardown: removed {removed} leftover container(s)")
         try:
@@ -376,60 +374,26 @@ class Bench:
 
     # ---- cluster files and inv ------------------------------------------------------------
 
-    def docker_settings(self) -> dict[str, Any]:
-        if self._run_arg_cache is None:
-            self._run_arg_cache = toolchain_run_args()
-        return {
-            "image": f"{BUILDER_IMAGE}:{{cuda_tag}}",
-            "cuda_version": "12.8",
-            "run_args": self._run_arg_cache,
-        }
-
     def cluster(self, name: str, count: int, *, docker: bool | None = None) -> Path:
         """cluster.yaml with hosts b01..b<count>, alternating the two variants."""
-        use_docker = self.docker if docker is None else docker
         controller: dict[str, Any] = {
             "path": str(self.project),
             "arch": VARIANTS[0],
             "data_path": str(self.project),
         }
-        if use_docker:
-            controller["docker"] = self.docker_settings()
-        workers = []
-        for i in range(1, count + 1):
-            host = host_name(i)
-            workers.append(
-                {
-                    "host": host,
-                    "path": str(self.project),
-                    "arch": VARIANTS[(i - 1) % len(VARIANTS)],
-                    "data_path": str(self.rig.data_path(host)),
-                    "ssh": self.rig.ssh_entry(host),
-                }
-            )
-        path = self.work / name
-        data = {"controller": controller, "workers": workers, "env": {}}
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        return path
+        if self.docker if docker is None else docker:
+            controller["docker"] = builder_settings(self.owner)
+        workers = [
+            rig_worker(self.rig, host_name(i), self.project, arch=VARIANTS[(i - 1) % len(VARIANTS)])
+            for i in range(1, count + 1)
+        ]
+        return write_cluster(self.work / name, controller, workers)
 
     def inv_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))}
-        env.update(
-            {
-                "FLODL_HOST_NAME": "ctrl",
-                "INVOKE_FDL_KNOWN_HOSTS": str(self.known_hosts),
-                "INVOKE_FDL_SSH_CONFIG": str(self.work / "no-ssh-config"),
-            }
-        )
-        return env
+        return rig_env(self.work, self.known_hosts)
 
     def inv(self, *args: str, check: bool = True, rss: bool = False) -> Run:
-        run = self.runner.run(
-            [sys.executable, "-m", "invoke", *args],
-            cwd=self.work,
-            env=self.inv_env(),
-            rss_via_time=rss,
-        )
+        run = self.runner.run(inv_argv(*args), cwd=self.work, env=self.inv_env(), rss_via_time=rss)
         if check and run.returncode != 0:
             raise BenchError(
                 f"inv {shlex.join(args)} exited {run.returncode}:\n{run.stderr[-4000:]}"
@@ -438,6 +402,10 @@ class Bench:
 
     def cold(self) -> None:
         shutil.rmtree(self.project / "target", ignore_errors=True)
+
+    def fits(self, seconds: float) -> bool:
+        """Whether another step of about ``seconds`` ends before the budget (teardown kept)."""
+        return time.monotonic() + 1.15 * seconds + TEARDOWN_S < self.deadline
 
     # ---- 1 + 2: probe fan-out ------------------------------------------------------------
 
@@ -472,15 +440,10 @@ class Bench:
         log("probes: warm-up (host keys learnt on first use, page cache)")
         self.inv("preflight", "--cluster-file", str(p32))
         self.openssh_fanout(16)
-        c1 = Comparison(
-            "1",
-            "probe fan-out, 16 hosts",
-            "inv preflight",
-            "16 x ssh",
-            "fdl/openssh",
-            "<= 1.0",
+        fanout = Comparison(
+            "1", "probe fan-out, 16 hosts", "inv preflight", "16 x ssh", "fdl/openssh", "<= 1.0"
         )
-        c2 = Comparison(
+        scaling = Comparison(
             "2",
             "probe scaling (inv preflight)",
             "16 hosts",
@@ -488,6 +451,28 @@ class Bench:
             "16/1",
             f"report (nproc={os.cpu_count()})",
         )
+        runs16, runs1 = self.probe_reps(p16, p1 if "2" in want else None, fanout, scaling)
+        fanout.conclude(median(fanout.a) / median(fanout.b), 1.0, runs16)
+        fanout.notes.append(
+            "inv preflight also probes the controller locally and reads/writes known_hosts; "
+            "the ssh clients skip host-key checks (UserKnownHostsFile=/dev/null)"
+        )
+        if "1" in want:
+            self.results.append(fanout)
+        if "2" in want:
+            scaling.a = list(fanout.a)
+            scaling.conclude(median(scaling.a) / median(scaling.b), None, runs16, runs1)
+            scaling.notes.append(
+                f"nproc={os.cpu_count()}: 16 sshd handshakes (key exchange, auth, fork+exec "
+                "of the session shell) compete with the client for 2 cores"
+            )
+            self.results.append(scaling)
+        self.facts["import_floor"] = self.import_floor()
+
+    def probe_reps(
+        self, p16: Path, p1: Path | None, fanout: Comparison, scaling: Comparison
+    ) -> tuple[list[Run], list[Run]]:
+        """Alternating: inv over 16 hosts, 16 ssh clients, inv over 1 host (if ``p1``)."""
         runs16: list[Run] = []
         runs1: list[Run] = []
         for rep in range(self.reps):
@@ -495,49 +480,29 @@ class Bench:
             if "preflight: 17 ok" not in r16.stderr:  # 16 remotes + the controller
                 raise BenchError(f"preflight over 16 hosts not all ok:\n{r16.stderr}")
             ssh16 = self.openssh_fanout(16)
-            r1 = self.inv("preflight", "--cluster-file", str(p1)) if "2" in want else None
+            r1 = self.inv("preflight", "--cluster-file", str(p1)) if p1 is not None else None
             runs16.append(r16)
-            c1.a.append(r16.seconds)
-            c1.b.append(ssh16)
+            fanout.record(r16.seconds, ssh16)
             if r1 is not None:
                 runs1.append(r1)
-                c2.b.append(r1.seconds)
+                scaling.b.append(r1.seconds)
             log(
                 f"probes rep {rep + 1}/{self.reps}: inv16 {r16.seconds:.2f}s  ssh16 {ssh16:.2f}s"
                 + (f"  inv1 {r1.seconds:.2f}s" if r1 is not None else "")
             )
-        c1.ratio = median(c1.a) / median(c1.b)
-        c1.met = c1.ratio <= 1.0
-        c1.phases_a = median_phases(runs16)
-        c1.notes.append(
-            "inv preflight also probes the controller locally and reads/writes known_hosts; "
-            "the ssh clients skip host-key checks (UserKnownHostsFile=/dev/null)"
-        )
-        if "1" in want:
-            self.results.append(c1)
-        if "2" in want:
-            c2.a = list(c1.a)
-            c2.ratio = median(c2.a) / median(c2.b)
-            c2.phases_a = c1.phases_a
-            c2.phases_b = median_phases(runs1)
-            c2.notes.append(
-                f"nproc={os.cpu_count()}: 16 sshd handshakes (key exchange, auth, fork+exec "
-                "of the session shell) compete with the client for 2 cores"
-            )
-            self.results.append(c2)
-        self.facts["import_floor"] = self.import_floor()
+        return runs16, runs1
 
     def import_floor(self) -> dict[str, float]:
         """What a Python start costs before any ssh: ``import fdl_tasks``, ``inv --list``."""
         env = self.inv_env()
-        samples: dict[str, list[float]] = {"python -c pass": [], "import fdl_tasks": []}
-        samples["inv --list"] = []
+        argvs = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "import fdl_tasks": [sys.executable, "-c", "import fdl_tasks"],
+            "inv --list": inv_argv("--list"),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in argvs}
         for _ in range(3):
-            for name, argv in (
-                ("python -c pass", [sys.executable, "-c", "pass"]),
-                ("import fdl_tasks", [sys.executable, "-c", "import fdl_tasks"]),
-                ("inv --list", [sys.executable, "-m", "invoke", "--list"]),
-            ):
+            for name, argv in argvs.items():
                 samples[name].append(self.runner.run(argv, cwd=self.work, env=env).seconds)
         return {name: round(median(values), 3) for name, values in samples.items()}
 
@@ -576,60 +541,58 @@ class Bench:
         log("overhead: warm-up (one cold inv prebuild)")
         self.cold()
         self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b1))
-        mode = "docker" if self.docker else "native"
-        cold = Comparison(
-            "4a",
-            f"overhead, cold build, 1 host ({mode})",
-            "inv prebuild",
-            f"bare {'docker run' if self.docker else 'cargo'}",
-            "fdl/bare",
-            "<= 1.15",
-        )
-        noop = Comparison(
-            "4b",
-            f"overhead, no-op rebuild, 1 host ({mode})",
-            "inv prebuild",
-            f"bare {'docker run' if self.docker else 'cargo'}",
-            "fdl/bare",
-            "<= 2.0",
-        )
+        cold = self.overhead_comparison("4a", "cold build", "<= 1.15")
+        noop = self.overhead_comparison("4b", "no-op rebuild", "<= 2.0")
         cold_runs: list[Run] = []
         noop_runs: list[Run] = []
         for rep in range(self.reps):
-            self.cold()
-            a = self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b1))
-            self.cold()
-            b = self.bare(command, rep)
-            cold.a.append(a.seconds)
-            cold.b.append(b.seconds)
-            cold_runs.append(a)
-            # target dir now warm (bare build just ran; the inv build uses the same dir)
-            na = self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b1))
-            nb = self.bare(command, 1000 + rep)
-            if "Compiling" in na.stderr or "Compiling" in nb.stderr:
-                noop.notes.append(f"rep {rep + 1}: something was recompiled on a no-op run")
-            noop.a.append(na.seconds)
-            noop.b.append(nb.seconds)
-            noop_runs.append(na)
-            log(
-                f"overhead rep {rep + 1}/{self.reps}: cold inv {a.seconds:.2f}s bare "
-                f"{b.seconds:.2f}s | no-op inv {na.seconds:.2f}s bare {nb.seconds:.2f}s"
-            )
-        for comp, runs in ((cold, cold_runs), (noop, noop_runs)):
-            comp.ratio = median(comp.a) / median(comp.b)
-            comp.met = comp.ratio <= (1.15 if comp is cold else 2.0)
-            comp.phases_a = median_phases(runs)
-            self.results.append(comp)
+            cold_run, noop_run = self.overhead_rep(b1, command, rep, cold, noop)
+            cold_runs.append(cold_run)
+            noop_runs.append(noop_run)
+        cold.conclude(median(cold.a) / median(cold.b), 1.15, cold_runs)
+        noop.conclude(median(noop.a) / median(noop.b), 2.0, noop_runs)
+        self.results += [cold, noop]
         self.facts["cold_bare_build_s"] = round(median(cold.b), 2)
+
+    def overhead_comparison(self, key: str, what: str, target: str) -> Comparison:
+        bare = f"bare {'docker run' if self.docker else 'cargo'}"
+        return Comparison(
+            key,
+            f"overhead, {what}, 1 host ({self.mode})",
+            "inv prebuild",
+            bare,
+            "fdl/bare",
+            target,
+        )
+
+    def overhead_rep(
+        self, b1: Path, command: str, rep: int, cold: Comparison, noop: Comparison
+    ) -> tuple[Run, Run]:
+        """Cold: inv prebuild, bare build; then no-op: the same again; the two inv runs."""
+        self.cold()
+        a = self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b1))
+        self.cold()
+        b = self.bare(command, rep)
+        # target dir now warm (bare build just ran; the inv build uses the same dir)
+        na = self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b1))
+        nb = self.bare(command, 1000 + rep)
+        if "Compiling" in na.stderr or "Compiling" in nb.stderr:
+            noop.notes.append(f"rep {rep + 1}: something was recompiled on a no-op run")
+        cold.record(a.seconds, b.seconds)
+        noop.record(na.seconds, nb.seconds)
+        log(
+            f"overhead rep {rep + 1}/{self.reps}: cold inv {a.seconds:.2f}s bare "
+            f"{b.seconds:.2f}s | no-op inv {na.seconds:.2f}s bare {nb.seconds:.2f}s"
+        )
+        return a, na
 
     # ---- 3: shared builds -------------------------------------------------------------
 
     def bench_shared(self) -> None:
         b8 = self.cluster("build8.yaml", 8)
-        mode = "docker" if self.docker else "native"
         comp = Comparison(
             "3",
-            f"cold prebuild, 8 hosts on 2 variants ({mode})",
+            f"cold prebuild, 8 hosts on 2 variants ({self.mode})",
             "shared (default)",
             "--per-host",
             "shared/per-host",
@@ -645,34 +608,30 @@ class Bench:
                 )
                 log(comp.notes[-1])
                 break
-            self.cold()
-            a = self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b8))
-            self.cold()
-            b = self.inv("prebuild", "--cmd", CMD, "--per-host", "--cluster-file", str(b8))
-            builds = (a.stderr.count(f"Compiling {CMD}"), b.stderr.count(f"Compiling {CMD}"))
-            if builds != (2, 8):
-                comp.notes.append(f"rep {rep + 1}: builds (shared, per-host) = {builds}")
-            comp.a.append(a.seconds)
-            comp.b.append(b.seconds)
+            a, b = self.shared_rep(b8, rep, comp)
             runs_a.append(a)
             runs_b.append(b)
-            log(
-                f"shared rep {rep + 1}/{self.reps}: shared {a.seconds:.1f}s (2 builds) "
-                f"per-host {b.seconds:.1f}s (8 builds)"
-            )
-        comp.ratio = median(comp.a) / median(comp.b)
-        comp.met = comp.ratio <= 0.35
-        comp.phases_a = median_phases(runs_a)
-        comp.phases_b = median_phases(runs_b)
+        comp.conclude(median(comp.a) / median(comp.b), 0.35, runs_a, runs_b)
         comp.notes.append(
             f"builds run {os.cpu_count()} at a time (fdl.build_jobs=0: one per core); the "
             "ideal ratio is 2/8 = 0.25 plus the fixed preflight/verify cost"
         )
         self.results.append(comp)
 
-    def fits(self, seconds: float) -> bool:
-        """Whether another step of about ``seconds`` ends before the budget (teardown kept)."""
-        return time.monotonic() + 1.15 * seconds + TEARDOWN_S < self.deadline
+    def shared_rep(self, b8: Path, rep: int, comp: Comparison) -> tuple[Run, Run]:
+        self.cold()
+        a = self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b8))
+        self.cold()
+        b = self.inv("prebuild", "--cmd", CMD, "--per-host", "--cluster-file", str(b8))
+        builds = (a.stderr.count(f"Compiling {CMD}"), b.stderr.count(f"Compiling {CMD}"))
+        if builds != (2, 8):
+            comp.notes.append(f"rep {rep + 1}: builds (shared, per-host) = {builds}")
+        comp.record(a.seconds, b.seconds)
+        log(
+            f"shared rep {rep + 1}/{self.reps}: shared {a.seconds:.1f}s (2 builds) "
+            f"per-host {b.seconds:.1f}s (8 builds)"
+        )
+        return a, b
 
     # ---- 5: memory ----------------------------------------------------------------------
 
@@ -693,47 +652,18 @@ class Bench:
             run = self.inv("prebuild", "--cmd", CMD, "--cluster-file", str(b32), rss=True)
             tree = (run.peak_rss_tree_kib or 0) / 1024
             own = (run.peak_rss_self_kib or 0) / 1024
-            comp.a.append(tree)
-            comp.b.append(own)
+            comp.record(tree, own)
             runs.append(run)
             log(
                 f"memory rep {rep + 1}: {run.seconds:.1f}s, tree max {tree:.1f} MiB, "
                 f"inv VmHWM {own:.1f} MiB"
             )
-        comp.ratio = median(comp.a)
-        comp.met = comp.ratio <= 150
-        comp.phases_a = median_phases(runs)
+        comp.conclude(median(comp.a), 150, runs)
         comp.notes.append(
             "time -v reports the largest single process among inv and its waited-for "
             "children (docker CLI / cargo); VmHWM is the inv Python process alone"
         )
         self.results.append(comp)
-
-
-def remove_our_containers(project: Path) -> int:
-    """Containers of our builds still present: labelled fdl-tasks.run and mounting our tree."""
-    if shutil.which("docker") is None:
-        return 0
-    listed = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", "label=fdl-tasks.run"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    ids = listed.stdout.split()
-    if not ids:
-        return 0
-    inspected = subprocess.run(
-        ["docker", "inspect", *ids], capture_output=True, text=True, check=False
-    )
-    ours = []
-    for item in json.loads(inspected.stdout or "[]"):
-        sources = [m.get("Source", "") for m in item.get("Mounts", [])]
-        if any(s == str(project) or s.startswith(f"{project}/") for s in sources):
-            ours.append(item["Id"])
-    if ours:
-        subprocess.run(["docker", "rm", "-f", *ours], capture_output=True, check=False)
-    return len(ours)
 
 
 # ---------------------------------------------------------------------------- report
@@ -764,13 +694,7 @@ def table(results: Sequence[Comparison]) -> str:
                 met,
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    out = []
-    for n, row in enumerate(rows):
-        out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return "\n".join(format_table(rows, rule=True))
 
 
 def machine_facts(reps: int, quick: bool, docker: bool) -> dict[str, Any]:
@@ -788,19 +712,7 @@ def machine_facts(reps: int, quick: bool, docker: bool) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def interrupt_on_sigterm() -> Iterator[None]:
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous: Callable[[int, Any], Any] | int | None = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 -m bench.run", description=__doc__)
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5, quick 3)")
     parser.add_argument("--quick", action="store_true", help="3 repetitions")
@@ -816,19 +728,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", default="1,2,3,4,5", help="comma-separated comparisons to run (default all)"
     )
     args = parser.parse_args(argv)
-    reps = args.reps if args.reps is not None else (3 if args.quick else 5)
-    if reps < 1:
+    args.reps = args.reps if args.reps is not None else (3 if args.quick else 5)
+    if args.reps < 1:
         parser.error("--reps must be at least 1")
-    want = set(args.only.split(","))
-    if os.geteuid() != 0:
-        print("bench: run as root (sshd per host, dockerd)", file=sys.stderr)
-        return 2
-    docker = not args.native
-    facts = machine_facts(reps, args.quick, docker)
-    bench = Bench(reps, docker, args.budget * 60)
-    started = time.monotonic()
-    status = 0
-    with interrupt_on_sigterm():
+    args.want = set(args.only.split(","))
+    return args
+
+
+def run_comparisons(bench: Bench, want: set[str]) -> int:
+    """Every comparison asked for, the rig up around them; 1 if aborted."""
+    with sigterm_as_interrupt():
         try:
             bench.up()
             if want & {"1", "2"}:
@@ -841,19 +750,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.bench_shared()
         except (BenchError, KeyboardInterrupt) as exc:
             log(f"aborted: {exc or 'interrupted'}")
-            status = 1
+            return 1
         finally:
             bench.down()
-    bench.results.sort(key=lambda comp: comp.key)
-    facts.update(bench.facts)
-    facts["total_s"] = round(time.monotonic() - started, 1)
-    facts["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    payload = {**facts, "comparisons": [c.to_json() for c in bench.results]}
-    RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
+    return 0
+
+
+def report(facts: dict[str, Any], results: Sequence[Comparison]) -> None:
+    """``bench/results.json``, and the table on stdout."""
+    payload = {**facts, "comparisons": [c.to_json() for c in results]}
+    write_atomically(RESULTS, json.dumps(payload, indent=2) + "\n")
     print()
     print(
         f"fdl-tasks bench: {facts['date']}, nproc={facts['nproc']}, {facts['cpu_model']}, "
-        f"reps={reps}, builds in {facts['build_mode']}, total {facts['total_s']}s"
+        f"reps={facts['reps']}, builds in {facts['build_mode']}, total {facts['total_s']}s"
     )
     if "crate" in facts:
         crate = facts["crate"]
@@ -861,8 +771,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"crate {crate['name']}: {crate['modules']} modules, cold native release build "
             f"{crate['cold_native_release_build_s']}s"
         )
-    print(table(bench.results))
+    print(table(results))
     print(f"\nwritten to {RESULTS}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench: run as root (sshd per host, dockerd)", file=sys.stderr)
+        return 2
+    docker = not args.native
+    facts = machine_facts(args.reps, args.quick, docker)
+    bench = Bench(args.reps, docker, args.budget * 60)
+    started = time.monotonic()
+    status = run_comparisons(bench, args.want)
+    bench.results.sort(key=lambda comp: comp.key)
+    facts.update(bench.facts)
+    facts["total_s"] = round(time.monotonic() - started, 1)
+    facts["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    report(facts, bench.results)
     return status
 
 

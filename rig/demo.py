@@ -12,7 +12,8 @@ import argparse
 import os
 from pathlib import Path
 
-from rig.project import make_project, write_compose_file
+from rig.harness import bring_up
+from rig.project import write_compose_file
 from rig.sshrig import HostSpec, Rig
 
 DEMO = Path("/var/tmp/fdl-demo")
@@ -28,15 +29,13 @@ VARIANTS = ("precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu", "precom
 
 
 def up() -> None:
-    make_project(PROJECT, VARIANTS)
+    bring_up(RIG, HOSTS, PROJECT, VARIANTS, known_hosts=DEMO / "known_hosts")
     write_compose_file(PROJECT)
     (PROJECT / "data").mkdir(exist_ok=True)
     pascal_view = DEMO / "mnt" / "pascal"
     pascal_view.parent.mkdir(parents=True, exist_ok=True)
     if not pascal_view.is_symlink():
         os.symlink(PROJECT, pascal_view)
-    (DEMO / "known_hosts").unlink(missing_ok=True)  # fresh host keys may come with a new rig
-    RIG.up(HOSTS)
     print(f"demo rig up: {len(HOSTS)} workers, project at {PROJECT}")
 
 

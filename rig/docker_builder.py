@@ -18,17 +18,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fdl_tasks.files import log_tail
+
 __all__ = [
     "BUILDER_IMAGE",
     "CACHE_DIR",
     "CONTAINER_CARGO_HOME",
     "CONTAINER_RUSTUP_HOME",
     "DOCKERD_LOG",
+    "SYSTEM_PATH",
     "apt_mirror",
     "ensure_builder_image",
     "ensure_dockerd",
     "image_exists",
     "rootfs_tarball",
+    "run_logged",
     "toolchain_env",
     "toolchain_mounts",
     "toolchain_run_args",
@@ -49,7 +53,7 @@ CONTAINER_RUSTUP_HOME = "/opt/rustup"
 CONTAINER_CARGO_BIN = "/opt/cargo"
 CONTAINER_CARGO_HOME = "/tmp/cargo-home"
 CONTAINER_HOME = "/tmp"
-_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 # --------------------------------------------------------------------- dockerd
@@ -71,14 +75,6 @@ def _docker_answers() -> bool:
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
-def _log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        return f"(no log at {path}: {exc})"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 def ensure_dockerd(timeout: float = 60) -> None:
     """Make sure a docker daemon answers; start ``dockerd`` by hand if none does.
 
@@ -94,34 +90,9 @@ def ensure_dockerd(timeout: float = 60) -> None:
         raise RuntimeError("docker does not answer and no dockerd binary is on PATH")
     if os.geteuid() != 0:
         raise RuntimeError("docker does not answer and starting dockerd needs root")
-
     pidfile = Path("/var/run/docker.pid")
-    if pidfile.exists():
-        try:
-            pid = int(pidfile.read_text().strip())
-            os.kill(pid, 0)
-            alive = True
-        except (ValueError, ProcessLookupError, PermissionError):
-            alive = False
-        if not alive:
-            # Stale pidfile from a daemon that died with the machine session.
-            pidfile.unlink(missing_ok=True)
-
-    DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
-    proc: subprocess.Popen[bytes] | None = None
-    if not pidfile.exists():
-        with DOCKERD_LOG.open("ab") as log:
-            log.write(f"\n=== fdl-rig starting dockerd at {time.ctime()} ===\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                [dockerd],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-
+    _drop_stale_pidfile(pidfile)
+    proc = None if pidfile.exists() else _start_dockerd(dockerd)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if _docker_answers():
@@ -129,13 +100,42 @@ def ensure_dockerd(timeout: float = 60) -> None:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(
                 f"dockerd exited with status {proc.returncode}; "
-                f"tail of {DOCKERD_LOG}:\n{_log_tail(DOCKERD_LOG)}"
+                f"tail of {DOCKERD_LOG}:\n{_dockerd_log_tail()}"
             )
         time.sleep(0.5)
     raise RuntimeError(
         f"docker did not answer within {timeout:.0f}s; tail of {DOCKERD_LOG}:\n"
-        f"{_log_tail(DOCKERD_LOG)}"
+        f"{_dockerd_log_tail()}"
     )
+
+
+def _drop_stale_pidfile(pidfile: Path) -> None:
+    """Remove the pid file of a daemon that died with the machine session."""
+    if not pidfile.exists():
+        return
+    try:
+        os.kill(int(pidfile.read_text().strip()), 0)
+    except (ValueError, ProcessLookupError, PermissionError):
+        pidfile.unlink(missing_ok=True)
+
+
+def _start_dockerd(dockerd: str) -> subprocess.Popen[bytes]:
+    DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
+    with DOCKERD_LOG.open("ab") as log:
+        log.write(f"\n=== fdl-rig starting dockerd at {time.ctime()} ===\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            [dockerd],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def _dockerd_log_tail() -> str:
+    return log_tail(DOCKERD_LOG, 30) or f"(no log at {DOCKERD_LOG})"
 
 
 # ---------------------------------------------------------------- apt mirror
@@ -208,7 +208,8 @@ def rootfs_tarball() -> Path:
     return CACHE_DIR / f"{SUITE}-minbase-{'-'.join(INCLUDE_PACKAGES)}.tar"
 
 
-def _run_logged(cmd: list[str], what: str) -> None:
+def run_logged(cmd: list[str], what: str) -> None:
+    """Run ``cmd`` quietly; on failure raise with ``what`` and the last 40 lines of its output."""
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
@@ -224,7 +225,7 @@ def _build_rootfs_tarball(dest: Path) -> None:
     mirror = apt_mirror()
     with tempfile.TemporaryDirectory(prefix="rootfs-", dir=dest.parent) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        _run_logged(
+        run_logged(
             [
                 "debootstrap",
                 "--variant=minbase",
@@ -239,7 +240,7 @@ def _build_rootfs_tarball(dest: Path) -> None:
         shutil.rmtree(rootfs / "var/cache/apt/archives", ignore_errors=True)
         (rootfs / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(dest.name + ".partial")
-        _run_logged(
+        run_logged(
             ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial), "."],
             "tar of the rootfs",
         )
@@ -264,12 +265,12 @@ def ensure_builder_image(name: str = BUILDER_IMAGE, tags: Sequence[str] = ("late
         tarball = rootfs_tarball()
         if not tarball.is_file():
             _build_rootfs_tarball(tarball)
-        _run_logged(
+        run_logged(
             [
                 "docker",
                 "import",
                 "--change",
-                f"ENV PATH={_SYSTEM_PATH}",
+                f"ENV PATH={SYSTEM_PATH}",
                 "--change",
                 'CMD ["/bin/bash"]',
                 str(tarball),
@@ -280,7 +281,7 @@ def ensure_builder_image(name: str = BUILDER_IMAGE, tags: Sequence[str] = ("late
     for tag in wanted:
         ref = f"{name}:{tag}"
         if ref != source and not image_exists(ref):
-            _run_logged(["docker", "tag", source, ref], f"docker tag {source} {ref}")
+            run_logged(["docker", "tag", source, ref], f"docker tag {source} {ref}")
     return name
 
 
@@ -356,7 +357,7 @@ def toolchain_env() -> dict[str, str]:
         "RUSTUP_TOOLCHAIN": toolchain,
         "CARGO_HOME": CONTAINER_CARGO_HOME,
         "HOME": CONTAINER_HOME,
-        "PATH": f"{tc_bin}:{CONTAINER_CARGO_BIN}/bin:{_SYSTEM_PATH}",
+        "PATH": f"{tc_bin}:{CONTAINER_CARGO_BIN}/bin:{SYSTEM_PATH}",
         "CARGO_NET_OFFLINE": "true",
     }
 

@@ -10,7 +10,9 @@ each host's sshd has ``ForceCommand <host_dir>/session.sh``, a wrapper that puts
 ``<host_dir>/bin`` (the shims) first on ``PATH`` and then runs the client's command with
 ``exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"``, so exit codes, stdin, stdout and stderr
 are the command's own, for OpenSSH and paramiko/Fabric exec requests alike (and sftp,
-whose subsystem command goes through the same wrapper). The shims:
+whose subsystem command goes through the same wrapper). The wrapper, the sshd config
+and the shims are the files of ``rig/templates`` with their ``@{name}`` placeholders
+filled in. The shims:
 
 - ``uname`` / ``arch`` (when ``uname_m`` is set): ``uname -m`` / ``uname --machine`` /
   ``arch`` print the simulated machine (nothing at all for ``""``); any other invocation
@@ -24,6 +26,15 @@ whose subsystem command goes through the same wrapper). The shims:
 - ``pkill=False``: ``PATH`` is ``<host_dir>/bin:<host_dir>/sysbin`` where ``sysbin`` holds
   symlinks to every system command except ``pkill``, so ``command -v pkill`` fails
   (``/usr/bin/pkill`` by absolute path still exists: it is the same machine).
+
+``uname_m="aarch64"`` alone is an x86_64 machine that only *says* aarch64 (enough for
+preflight's refusal). ``emulate="aarch64"`` is a host that really runs aarch64 programs:
+``uname -m`` says aarch64, aarch64 ELF files run under qemu-user through binfmt (set up by
+``python3 -m rig.cross ensure``) with the session's ``QEMU_LD_PREFIX`` pointing qemu at the
+aarch64 ``/lib``, and ``ldd`` is ``rig/templates/ldd-aarch64.sh``, which traces aarch64 files
+with the aarch64 loader (``libx.so => not found`` lines, as ldd on such a machine prints).
+The host's other commands are this machine's own, and so is ``ldd --version``: the arm64
+runtime qemu uses is the same glibc release.
 
 Remote commands run under the login user's shell (bash for root and ``fdlrig``) with
 ``SHLVL=1`` set by sshd and the wrapper, so bash does not source ``~/.bashrc`` (which
@@ -79,6 +90,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, get_args
 
+import psutil
+
+from fdl_tasks.files import log_tail, write_atomically
+
 __all__ = [
     "DEFAULT_PORT",
     "RIG_USER",
@@ -96,6 +111,7 @@ DEFAULT_PORT = 2222
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 ENV_MARKER = "FDLRIG_HOST_DIR"
 STATE_FILE = "rig.json"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 MUSL_VERSION = "1.2.4"
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
@@ -104,6 +120,7 @@ Listen = Literal["sshd", "none", "hang"]
 User = Literal["root", "fdlrig"]
 Libc = Literal["glibc", "musl"]
 Data = Literal["ok", "missing", "unreadable"]
+Emulate = Literal["aarch64"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9/._+@:,=-]+$")
@@ -171,6 +188,9 @@ class HostSpec:
     data: Data = "ok"
     """The host's data dir (:meth:`Rig.data_path`): present and readable; absent; present
     but ``0700 root`` (unreadable for ``fdlrig``; root reads anything)."""
+    emulate: Emulate | None = None
+    """``"aarch64"``: a host of that CPU, whose programs run under qemu (see the module
+    docstring); not combined with ``uname_m``, ``libc`` or ``glibc_version``."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -189,6 +209,7 @@ class HostSpec:
         _check_literal("data", self.data, Data)
         if self.uname_m is not None and not re.match(r"^[A-Za-z0-9_.-]*$", self.uname_m):
             raise ValueError(f"HostSpec.uname_m looks wrong: {self.uname_m!r}")
+        self._check_emulation()
         if self.glibc_version is not None:
             if self.libc != "glibc":
                 raise ValueError("HostSpec.glibc_version only makes sense with libc='glibc'")
@@ -196,6 +217,21 @@ class HostSpec:
                 raise ValueError(
                     f"HostSpec.glibc_version must look like '2.17', got {self.glibc_version!r}"
                 )
+
+    def _check_emulation(self) -> None:
+        if self.emulate is None:
+            return
+        _check_literal("emulate", self.emulate, Emulate)
+        if self.uname_m is not None or self.libc != "glibc" or self.glibc_version is not None:
+            raise ValueError(
+                "HostSpec.emulate is a whole machine: it cannot be combined with uname_m, "
+                "libc or glibc_version"
+            )
+
+    @property
+    def machine(self) -> str | None:
+        """What ``uname -m`` prints there, when it is not this machine's (``None``)."""
+        return self.emulate if self.emulate is not None else self.uname_m
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -208,47 +244,42 @@ class HostSpec:
 # --------------------------------------------------------------------------- processes
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a process, or None if it does not exist."""
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def _running(process: psutil.Process) -> bool:
+    """Whether it still runs (a zombie has exited: only its parent's wait is missing)."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = raw.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[1])
+        return process.status() not in _GONE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _alive(pid: int) -> bool:
-    st = _proc_stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
-def _cmdline(pid: int) -> bytes:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+        return _running(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return False
 
 
-def _all_pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+def _cmdline(pid: int) -> str:
+    """The process's command line, arguments joined by spaces ('' if it is gone)."""
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
 
 
 def _descendants(root: int) -> dict[int, tuple[int, bool]]:
     """Descendants of ``root``, zombies included, as {pid: (ppid, alive)}."""
-    parent: dict[int, tuple[int, bool]] = {}
-    for pid in _all_pids():
-        st = _proc_stat(pid)
-        if st is not None:
-            parent[pid] = (st[1], st[0] not in ("Z", "X"))
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
     found: dict[int, tuple[int, bool]] = {}
-    frontier = [root]
-    while frontier:
-        cur = frontier.pop()
-        for pid, (ppid, alive) in parent.items():
-            if ppid == cur and pid not in found:
-                found[pid] = (ppid, alive)
-                frontier.append(pid)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found[child.pid] = (child.ppid(), _running(child))
     return found
 
 
@@ -310,19 +341,14 @@ def _kill_tree(root: int, state_dir: Path) -> None:
 
 def _marked_pids(host_dir: Path) -> list[int]:
     """Live processes whose environment carries this host's session marker."""
-    needle = f"\0{ENV_MARKER}={host_dir}\0".encode()
     me = os.getpid()
-    found = []
-    for pid in _all_pids():
-        if pid == me or not _alive(pid):
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if needle in b"\0" + env + b"\0":
-            found.append(pid)
-    return found
+    return [
+        process.pid
+        for process in psutil.process_iter(["environ"])
+        if process.pid != me
+        and (process.info["environ"] or {}).get(ENV_MARKER) == str(host_dir)
+        and _running(process)
+    ]
 
 
 # --------------------------------------------------------------------------- misc helpers
@@ -339,23 +365,14 @@ def _run(argv: Sequence[str], what: str) -> subprocess.CompletedProcess[str]:
 
 
 def _write(path: Path, text: str, mode: int) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_atomically(path, text)
+    os.chmod(path, mode)
 
 
 def _mkdir(path: Path, mode: int = 0o755) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, mode)
     return path
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def _port_free(spec: HostSpec) -> None:
@@ -392,6 +409,111 @@ def _real(cmd: str) -> str:
 
 def _real_machine() -> str:
     return os.uname().machine
+
+
+def _check_endpoints(specs: Sequence[HostSpec]) -> None:
+    """No two hosts on one address:port (a later spec of the same name replaces the earlier)."""
+    want = {spec.name: spec for spec in specs}
+    endpoints: dict[tuple[str, int], str] = {}
+    for spec in want.values():
+        other = endpoints.setdefault((spec.address, spec.port), spec.name)
+        if other != spec.name:
+            raise RigError(f"hosts {other!r} and {spec.name!r} both use {spec.address}:{spec.port}")
+
+
+# --------------------------------------------------------------------------- shims
+
+
+_PLACEHOLDER = re.compile(r"@\{([a-z_]+)\}")
+
+
+def _fill(template: str, **values: object) -> str:
+    """A file of ``rig/templates`` with each ``@{name}`` replaced by ``values[name]``.
+
+    (Not ``$name``: the shell's own ``$`` stays as written.) A placeholder without a
+    value is a KeyError.
+    """
+    text = (TEMPLATES / template).read_text()
+    return _PLACEHOLDER.sub(lambda match: str(values[match.group(1)]), text)
+
+
+def _machine_shims(spec: HostSpec) -> dict[str, str]:
+    """``uname -m`` and ``arch`` printing the host's simulated machine."""
+    if spec.machine is None:
+        return {}
+    say = f"printf '%s\\n' {_sh_quote(spec.machine)}" if spec.machine else ":"
+    return {
+        cmd: _fill(f"{cmd}.sh", name=spec.name, say=say, real=_real(cmd))
+        for cmd in ("uname", "arch")
+    }
+
+
+def _libc_shims(spec: HostSpec) -> dict[str, str]:
+    """``ldd --version`` and ``getconf GNU_LIBC_VERSION`` of a musl or an older glibc."""
+    if spec.libc == "musl":
+        banner = (
+            f"musl libc ({spec.uname_m or _real_machine()})\\nVersion {MUSL_VERSION}\\n"
+            "Dynamic Program Loader\\nUsage: ldd [options] [--] pathname\\n"
+        )
+        return {
+            "ldd": _fill(
+                "ldd-musl.sh", name=spec.name, banner=_sh_quote(banner), real=_real("ldd")
+            ),
+            "getconf": _fill("getconf-musl.sh", name=spec.name, real=_real("getconf")),
+        }
+    if spec.glibc_version is None:
+        return {}
+    first = _sh_quote(f"ldd (GNU libc) {spec.glibc_version}")
+    version = _sh_quote(f"glibc {spec.glibc_version}")
+    return {
+        "ldd": _fill(
+            "ldd-glibc.sh", name=spec.name, first_line=first, real=_real("ldd"), tail=_real("tail")
+        ),
+        "getconf": _fill(
+            "getconf-glibc.sh", name=spec.name, version=version, real=_real("getconf")
+        ),
+    }
+
+
+def _emulation_shims(spec: HostSpec) -> dict[str, str]:
+    """The aarch64-aware ``ldd`` of an emulated host."""
+    if spec.emulate is None:
+        return {}
+    from rig.cross import AARCH64_LOADER, AARCH64_SYSROOT
+
+    ldd = _fill(
+        "ldd-aarch64.sh",
+        name=spec.name,
+        real=_real("ldd"),
+        od=_real("od"),
+        tr=_real("tr"),
+        sysroot=AARCH64_SYSROOT,
+        loader=AARCH64_LOADER,
+    )
+    return {"ldd": ldd}
+
+
+def _shims(spec: HostSpec) -> dict[str, str]:
+    """Command name -> shim script, for what the host simulates (nothing for a plain host)."""
+    return {**_machine_shims(spec), **_libc_shims(spec), **_emulation_shims(spec)}
+
+
+def _session_emulation(spec: HostSpec) -> str:
+    """The session wrapper's lines for an emulated CPU; binfmt must be ready for it."""
+    if spec.emulate is None:
+        return "# no CPU emulation"
+    from rig.cross import AARCH64_SYSROOT, binfmt_problem
+
+    problem = binfmt_problem()
+    if problem is not None:
+        raise RigError(
+            f"host {spec.name!r} emulates aarch64, but aarch64 programs cannot run here "
+            f"({problem}): run `python3 -m rig.cross ensure` (or scripts/setup)"
+        )
+    return (
+        "# aarch64 programs run under qemu-user (binfmt); qemu finds their /lib here\n"
+        f"QEMU_LD_PREFIX={AARCH64_SYSROOT}\nexport QEMU_LD_PREFIX"
+    )
 
 
 # --------------------------------------------------------------------------- the rig
@@ -532,26 +654,11 @@ class Rig:
         address:port is taken.  On failure, hosts started by this call are stopped again.
         Returns once every sshd answers with its banner and every hang listener accepts.
         """
-        names = [h.name for h in hosts]
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate host names in {names}")
-        if not _SAFE_PATH_RE.match(str(self.state_dir)):
-            raise RigError(
-                f"state dir {self.state_dir} has characters sshd_config cannot take "
-                "(use letters, digits and ._+@:,=- only)"
-            )
+        self._check_new(hosts)
         started: list[HostSpec] = []
         with self._locked():
             state = self.hosts()
-            want = dict(state)
-            want.update({h.name: h for h in hosts})
-            endpoints: dict[tuple[str, int], str] = {}
-            for spec in want.values():
-                other = endpoints.setdefault((spec.address, spec.port), spec.name)
-                if other != spec.name:
-                    raise RigError(
-                        f"hosts {other!r} and {spec.name!r} both use {spec.address}:{spec.port}"
-                    )
+            _check_endpoints([*state.values(), *hosts])
             self._ensure_common(hosts)
             try:
                 for spec in hosts:
@@ -570,6 +677,16 @@ class Rig:
                     with contextlib.suppress(Exception):
                         self._stop(spec)
                 raise
+
+    def _check_new(self, hosts: Sequence[HostSpec]) -> None:
+        names = [h.name for h in hosts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate host names in {names}")
+        if not _SAFE_PATH_RE.match(str(self.state_dir)):
+            raise RigError(
+                f"state dir {self.state_dir} has characters sshd_config cannot take "
+                "(use letters, digits and ._+@:,=- only)"
+            )
 
     def down(self) -> None:
         """Stop every process of the rig (safe twice, and from any process)."""
@@ -593,14 +710,12 @@ class Rig:
 
     def _stop_unrecorded_listeners(self) -> None:
         """Listeners of this state dir that no pid file names (pid file or dir deleted)."""
-        needle = f"{self.state_dir / 'hosts'}/".encode()
-        for pid in _all_pids():
-            cmdline = _cmdline(pid)
-            ours = (
-                cmdline.startswith((b"sshd: ", SSHD.encode())) or _HANG_SCRIPT.encode() in cmdline
-            )
-            if ours and needle in cmdline and pid != os.getpid() and _alive(pid):
-                _kill_tree(pid, self.state_dir)
+        needle = f"{self.state_dir / 'hosts'}/"
+        for process in psutil.process_iter(["cmdline"]):
+            cmdline = " ".join(process.info["cmdline"] or [])
+            ours = cmdline.startswith(("sshd: ", SSHD)) or _HANG_SCRIPT in cmdline
+            if ours and needle in cmdline and process.pid != os.getpid() and _running(process):
+                _kill_tree(process.pid, self.state_dir)
 
     def stop_host(self, name: str) -> None:
         """Stop that host's listener and sessions (the host "disappears")."""
@@ -693,47 +808,59 @@ class Rig:
     def _prepare(self, spec: HostSpec) -> None:
         hd = _mkdir(self.host_dir(spec.name))
         self._host_keygen(spec)
-        # Shims.
+        path = self._install_shims(spec, hd)
+        session = _fill(
+            "session.sh",
+            name=spec.name,
+            path=_sh_quote(":".join(path)),
+            marker=ENV_MARKER,
+            host_dir=_sh_quote(str(hd)),
+            emulation=_session_emulation(spec),
+        )
+        _write(hd / "session.sh", session, 0o755)
+        self._prepare_data(spec)
+        if spec.listen == "sshd":
+            config = _fill(
+                "sshd_config",
+                name=spec.name,
+                address=spec.address,
+                port=spec.port,
+                host_key=self.host_key(spec.name),
+                pid_file=hd / "sshd.pid",
+                authorized_keys=self.authorized_keys,
+                rig_user=RIG_USER,
+                force_command=hd / "session.sh",
+                sftp_server=SFTP_SERVER,
+            )
+            _write(self._config(spec.name), config, 0o644)
+
+    @staticmethod
+    def _install_shims(spec: HostSpec, hd: Path) -> list[str]:
+        """The host's shims in ``bin`` (and ``sysbin`` without pkill); the session's PATH."""
         bindir = hd / "bin"
         shutil.rmtree(bindir, ignore_errors=True)
         _mkdir(bindir)
-        for cmd, body in self._shims(spec).items():
+        for cmd, body in _shims(spec).items():
             _write(bindir / cmd, body, 0o755)
         sysbin = hd / "sysbin"
         shutil.rmtree(sysbin, ignore_errors=True)
         if spec.pkill:
-            path = [str(bindir), *SYSTEM_PATH]
-        else:
-            _mkdir(sysbin)
-            seen_dirs: set[str] = set()
-            for d in SYSTEM_PATH:
-                real_dir = os.path.realpath(d)
-                if real_dir in seen_dirs or not os.path.isdir(d):
+            return [str(bindir), *SYSTEM_PATH]
+        _mkdir(sysbin)
+        seen_dirs: set[str] = set()
+        for d in SYSTEM_PATH:
+            real_dir = os.path.realpath(d)
+            if real_dir in seen_dirs or not os.path.isdir(d):
+                continue
+            seen_dirs.add(real_dir)
+            for entry in sorted(os.listdir(d)):
+                link = sysbin / entry
+                if entry == "pkill" or link.exists() or link.is_symlink():
                     continue
-                seen_dirs.add(real_dir)
-                for entry in sorted(os.listdir(d)):
-                    link = sysbin / entry
-                    if entry == "pkill" or link.exists() or link.is_symlink():
-                        continue
-                    link.symlink_to(os.path.join(d, entry))
-            path = [str(bindir), str(sysbin)]
-        # Session wrapper (sshd ForceCommand).
-        wrapper = (
-            "#!/bin/sh\n"
-            f"# rig.sshrig session wrapper for host {spec.name} (sshd ForceCommand)\n"
-            f"PATH={_sh_quote(':'.join(path))}\n"
-            "export PATH\n"
-            f"{ENV_MARKER}={_sh_quote(str(hd))}\n"
-            f"export {ENV_MARKER}\n"
-            "SHLVL=1\n"
-            "export SHLVL\n"
-            'if [ -z "${SSH_ORIGINAL_COMMAND+set}" ]; then\n'
-            '    exec "${SHELL:-/bin/sh}"\n'
-            "fi\n"
-            'exec "${SHELL:-/bin/sh}" -c "$SSH_ORIGINAL_COMMAND"\n'
-        )
-        _write(hd / "session.sh", wrapper, 0o755)
-        # Data dir.
+                link.symlink_to(os.path.join(d, entry))
+        return [str(bindir), str(sysbin)]
+
+    def _prepare_data(self, spec: HostSpec) -> None:
         data = self.data_path(spec.name)
         if spec.data == "missing":
             shutil.rmtree(data, ignore_errors=True)
@@ -741,88 +868,6 @@ class Rig:
             data.mkdir(exist_ok=True)
             os.chown(data, 0, 0)
             os.chmod(data, 0o755 if spec.data == "ok" else 0o700)
-        # sshd config.
-        if spec.listen == "sshd":
-            config = "\n".join(
-                [
-                    f"# generated by rig.sshrig for host {spec.name}",
-                    f"ListenAddress {spec.address}:{spec.port}",
-                    f"HostKey {self.host_key(spec.name)}",
-                    f"PidFile {hd / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {self.authorized_keys}",
-                    "AuthorizedPrincipalsFile none",
-                    "StrictModes no",
-                    "PubkeyAuthentication yes",
-                    "PasswordAuthentication no",
-                    "KbdInteractiveAuthentication no",
-                    "PermitRootLogin prohibit-password",
-                    f"AllowUsers root {RIG_USER}",
-                    "UsePAM no",
-                    "UseDNS no",
-                    "PrintMotd no",
-                    "PrintLastLog no",
-                    "X11Forwarding no",
-                    "PermitUserEnvironment no",
-                    # bash skips ~/.bashrc when SHLVL says it is not the first shell under
-                    # sshd: the machine's own rc files must not run before the shims.
-                    "SetEnv SHLVL=1",
-                    "MaxStartups 64:30:128",
-                    "MaxSessions 32",
-                    "LoginGraceTime 30",
-                    "LogLevel VERBOSE",
-                    f"ForceCommand {hd / 'session.sh'}",
-                    f"Subsystem sftp {SFTP_SERVER}",
-                    "",
-                ]
-            )
-            _write(self._config(spec.name), config, 0o644)
-
-    @staticmethod
-    def _shims(spec: HostSpec) -> dict[str, str]:
-        shims: dict[str, str] = {}
-        head = f"#!/bin/sh\n# rig.sshrig shim for host {spec.name}\n"
-        if spec.uname_m is not None:
-            say = f"printf '%s\\n' {_sh_quote(spec.uname_m)}" if spec.uname_m else ":"
-            shims["uname"] = (
-                head + 'if [ "$#" -eq 1 ] && { [ "$1" = -m ] || [ "$1" = --machine ]; }; then\n'
-                f'    {say}\n    exit 0\nfi\nexec {_real("uname")} "$@"\n'
-            )
-            shims["arch"] = (
-                head + f'if [ "$#" -eq 0 ]; then\n    {say}\n    exit 0\nfi\n'
-                f'exec {_real("arch")} "$@"\n'
-            )
-        ldd = _real("ldd")
-        getconf = _real("getconf")
-        if spec.libc == "musl":
-            arch = spec.uname_m or _real_machine()
-            banner = (
-                f"musl libc ({arch})\\nVersion {MUSL_VERSION}\\nDynamic Program Loader\\n"
-                "Usage: ldd [options] [--] pathname\\n"
-            )
-            shims["ldd"] = (
-                head + 'if [ "$#" -eq 1 ] && [ "$1" = --version ]; then\n'
-                f"    printf {_sh_quote(banner)} >&2\n    exit 1\nfi\n"
-                f'exec {ldd} "$@"\n'
-            )
-            shims["getconf"] = (
-                head + 'if [ "$#" -eq 1 ] && [ "$1" = GNU_LIBC_VERSION ]; then\n'
-                "    echo 'getconf: GNU_LIBC_VERSION: unknown variable' >&2\n    exit 1\nfi\n"
-                f'exec {getconf} "$@"\n'
-            )
-        elif spec.glibc_version is not None:
-            first = f"ldd (GNU libc) {spec.glibc_version}"
-            shims["ldd"] = (
-                head + 'if [ "$#" -eq 1 ] && [ "$1" = --version ]; then\n'
-                f"    printf '%s\\n' {_sh_quote(first)}\n"
-                f"    {ldd} --version | {_real('tail')} -n +2\n    exit 0\nfi\n"
-                f'exec {ldd} "$@"\n'
-            )
-            shims["getconf"] = (
-                head + 'if [ "$#" -eq 1 ] && [ "$1" = GNU_LIBC_VERSION ]; then\n'
-                f"    printf '%s\\n' {_sh_quote('glibc ' + spec.glibc_version)}\n    exit 0\nfi\n"
-                f'exec {getconf} "$@"\n'
-            )
-        return shims
 
     # ---- internals: processes ----------------------------------------------------------
 
@@ -832,8 +877,7 @@ class Rig:
             pid = int(self._pidfile(spec.name).read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        marker = str(self.host_dir(spec.name)).encode()
-        if _alive(pid) and marker in _cmdline(pid):
+        if _alive(pid) and str(self.host_dir(spec.name)) in _cmdline(pid):
             return pid
         return None
 
@@ -883,7 +927,8 @@ class Rig:
                 self._pidfile(spec.name).unlink(missing_ok=True)
                 raise RigError(
                     f"host {spec.name!r}: {spec.listen} listener exited with {proc.returncode} "
-                    f"before listening on {spec.address}:{spec.port}; log {log}:\n{_tail(log)}"
+                    f"before listening on {spec.address}:{spec.port}; log {log}:\n"
+                    + (log_tail(log, 15) or "(no log)")
                 )
             try:
                 with socket.create_connection((spec.address, spec.port), timeout=1.0) as sock:
@@ -899,7 +944,7 @@ class Rig:
         self._stop(spec)
         raise RigError(
             f"host {spec.name!r}: {spec.listen} on {spec.address}:{spec.port} not ready after "
-            f"{START_TIMEOUT}s ({last}); log {log}:\n{_tail(log)}"
+            f"{START_TIMEOUT}s ({last}); log {log}:\n" + (log_tail(log, 15) or "(no log)")
         )
 
     def _stop(self, spec: HostSpec) -> None:

@@ -8,8 +8,9 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from tests.conftest import DATA, run_inv
+from rig.harness import run_inv
 
+BAD = Path(__file__).resolve().parents[1] / "data" / "bad"
 ROOT_TASKS = "from fdl_tasks import ns\n"
 NESTED_TASKS = """\
 from invoke import Collection, task
@@ -98,13 +99,13 @@ def test_controller_label_from_env_and_option(tmp_path: Path) -> None:
     assert numeric.returncode != 0
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (DATA / "bad").iterdir()))
+@pytest.mark.parametrize("name", sorted(p.name for p in BAD.iterdir()))
 def test_bad_cluster_files_through_inv(tmp_path: Path, name: str) -> None:
     root = project(tmp_path, ROOT_TASKS)
     started = time.monotonic()
-    done = inv(root, "preflight", "--cluster-file", str(DATA / "bad" / name))
+    done = inv(root, "preflight", "--cluster-file", str(BAD / name))
     assert done.returncode == 1
-    assert done.stderr.startswith("fdl: ") and str(DATA / "bad" / name) in done.stderr
+    assert done.stderr.startswith("fdl: ") and str(BAD / name) in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     # one short paragraph, quickly, whatever the file holds ("billion laughs", 10 kB values)
     assert len(done.stderr) < 1500 and done.stderr.count("\n") == 1

@@ -21,9 +21,9 @@ from fdl_tasks.envelope import decode
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import DockerSettings
 from fdl_tasks.plan import docker_command, plan_builds
+from rig.harness import RigCluster, containers, start_rig
 from rig.project import add_variant, break_variant
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, docker_settings, run_on_host, start_rig
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
@@ -52,7 +52,7 @@ ARCHS = {
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    for cluster in start_rig(tmp_path_factory.mktemp("builds"), HOSTS, VARIANTS, docker=True):
+    with start_rig(tmp_path_factory.mktemp("builds"), HOSTS, VARIANTS, docker=True) as cluster:
         view = cluster.root / "mnt-pascal"  # pascal sees the share at another path
         view.symlink_to(cluster.project)
         yield cluster
@@ -87,12 +87,12 @@ def assert_runs_everywhere(rig: RigCluster, stdout: str, archs: dict[str, str]) 
         assert entry.ld_library_path == f"{path}/libtorch/{arch}/lib"
         assert entry.cwd_subpath == "ddp-bench"
         cuda = "off" if arch.endswith("cpu") else "on"
-        assert run_on_host(rig, host, path, entry) == f"ddp-bench variant={arch} cuda={cuda}"
+        assert rig.run_on_host(host, path, entry) == f"ddp-bench variant={arch} cuda={cuda}"
     assert not (rig.project / "target/cluster/ctrl").exists()
 
 
 def test_prebuild_in_docker(rig: RigCluster) -> None:
-    path = rig.write(workers(rig), "docker.yaml", docker=docker_settings())
+    path = rig.write(workers(rig), "docker.yaml", docker=rig.docker_settings())
     done = rig.inv("prebuild", "--cmd", "ddp-bench", "--json", "--cluster-file", str(path))
     assert done.returncode == 0, done.stderr
     assert_runs_everywhere(rig, done.stdout.strip() + "\n", ARCHS)
@@ -102,7 +102,7 @@ def test_prebuild_in_docker(rig: RigCluster) -> None:
     # The controller's own user owns what the container wrote (root here).
     binary = rig.project / "target/cluster/blackwell/precompiled-cu128/release/ddp-bench"
     assert binary.stat().st_uid == 0
-    assert docker_ps_all() == []  # --rm: no container left behind
+    assert containers("fdl-tasks.run") == []  # --rm: no container left behind
 
 
 def test_prebuild_native_one_build_per_host(rig: RigCluster) -> None:
@@ -164,7 +164,7 @@ def test_broken_hosts_fail_together_and_others_finish(rig: RigCluster) -> None:
 
 
 def test_build_host_prints_its_entry(rig: RigCluster) -> None:
-    path = rig.write(workers(rig), "one.yaml", docker=docker_settings())
+    path = rig.write(workers(rig), "one.yaml", docker=rig.docker_settings())
     done = rig.inv(
         "build-host",
         "--host",
@@ -186,7 +186,7 @@ def test_build_host_prints_its_entry(rig: RigCluster) -> None:
 
 
 def test_missing_image_fails_before_any_build(rig: RigCluster) -> None:
-    settings = {**docker_settings(), "image": "fdl-no-such-image:{cuda_tag}"}
+    settings = {**rig.docker_settings(), "image": "fdl-no-such-image:{cuda_tag}"}
     path = rig.write(workers(rig), "noimage.yaml", docker=settings)
     done = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
     assert done.returncode == 1
@@ -196,7 +196,7 @@ def test_missing_image_fails_before_any_build(rig: RigCluster) -> None:
 
 def test_docker_api_error_is_one_clean_message(rig: RigCluster) -> None:
     """The daemon refuses an upper-case reference with a 400 (an APIError, not ImageNotFound)."""
-    settings = {**docker_settings(), "image": "FDL-Upper:{cuda_tag}"}
+    settings = {**rig.docker_settings(), "image": "FDL-Upper:{cuda_tag}"}
     path = rig.write(workers(rig), "upper.yaml", docker=settings)
     done = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
     assert done.returncode == 1
@@ -205,23 +205,13 @@ def test_docker_api_error_is_one_clean_message(rig: RigCluster) -> None:
     assert "must be lowercase" in last and "Traceback" not in done.stderr
 
 
-def docker_ps_all() -> list[str]:
-    out = subprocess.run(
-        ["docker", "ps", "-a", "-q", "--filter", "label=fdl-tasks.run"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return out.split()
-
-
 def test_docker_build_as_a_non_root_user_leaves_no_root_files(rig: RigCluster) -> None:
     """The exact command prebuild runs for a non-root user, run for real as uid 4321.
 
     (The tests themselves run as root, so ``container_user()`` would pass no
     ``--user``; this renders the command it produces for a non-root caller.)
     """
-    cluster = load_cluster(rig.write(workers(rig), "user.yaml", docker=docker_settings()))
+    cluster = load_cluster(rig.write(workers(rig), "user.yaml", docker=rig.docker_settings()))
     docker = cluster.controller.docker
     assert isinstance(docker, DockerSettings)
     job = plan_builds([cluster.worker("ada")], docker, "ddp-bench", "ddp-bench", False)[0]
@@ -242,7 +232,7 @@ def test_arches_with_the_same_slug_never_share_a_binary(rig: RigCluster) -> None
         add_variant(rig.project, arch)
     for arch in ("slug/a-cu1", "slug-a/cu1"):
         archs = {"blackwell": arch}
-        path = rig.write(workers(rig, archs), "slug.yaml", docker=docker_settings())
+        path = rig.write(workers(rig, archs), "slug.yaml", docker=rig.docker_settings())
         done = rig.inv(
             "prebuild", "--cmd", "ddp-bench", "--per-host", "--json", "--cluster-file", str(path)
         )

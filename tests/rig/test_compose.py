@@ -23,9 +23,9 @@ from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import ComposeService
 from fdl_tasks.plan import compose_command, plan_builds
+from rig.harness import RigCluster, containers, prebuild_args, start_rig
 from rig.project import write_compose_file
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, Running, run_on_host, start_rig
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
@@ -40,20 +40,14 @@ ARCHS = {"gb-1": "precompiled/cu128", "gb-2": "precompiled/cu128", "pascal": "bu
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
     variants = sorted({*ARCHS.values(), "precompiled/cpu"})
-    for cluster in start_rig(tmp_path_factory.mktemp("compose"), HOSTS, variants, docker=True):
+    with start_rig(tmp_path_factory.mktemp("compose"), HOSTS, variants, docker=True) as cluster:
         write_compose_file(cluster.project)
         yield cluster
 
 
 @pytest.fixture(autouse=True)
-def fresh_targets(rig: RigCluster) -> Iterator[None]:
+def fresh_targets(rig: RigCluster) -> None:
     shutil.rmtree(rig.project / "target", ignore_errors=True)
-    yield
-    for run in Running.started:
-        if run.process.poll() is None:
-            run.process.kill()
-            run.finish()
-    Running.started.clear()
 
 
 def flodl_cluster_file(rig: RigCluster, service: str = "cuda") -> Path:
@@ -93,16 +87,6 @@ def without_compose_plugin(rig: RigCluster) -> dict[str, str]:
     )
     docker.chmod(0o755)
     return {"PATH": f"{shim}:{os.environ['PATH']}"}
-
-
-def containers(label: str) -> list[str]:
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={label}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return out.split()
 
 
 @pytest.mark.parametrize("compose", ["v2", "v1"])
@@ -147,7 +131,7 @@ def test_compose_run_writes_files_as_the_invoking_user(rig: RigCluster) -> None:
     entry = PerHostEnvelope(
         job.built_binary, str(rig.project / "libtorch/builds/sm61-sm120/lib"), "ddp-bench"
     )
-    ran = run_on_host(rig, "pascal", str(rig.project), entry)
+    ran = rig.run_on_host("pascal", str(rig.project), entry)
     assert ran == "ddp-bench variant=builds/sm61-sm120 cuda=on"
 
 
@@ -162,15 +146,7 @@ def test_missing_service_fails_before_any_build(rig: RigCluster) -> None:
 
 def test_sigterm_removes_every_compose_container(rig: RigCluster) -> None:
     path = flodl_cluster_file(rig)
-    run = Running(
-        rig,
-        "prebuild",
-        "--cmd",
-        "ddp-bench",
-        "--cluster-file",
-        str(path),
-        env={"FDL_FIXTURE_BUILD_SLEEP": "60"},
-    )
+    run = rig.background(*prebuild_args(path, "--no-cache"), env={"FDL_FIXTURE_BUILD_SLEEP": "60"})
     run.wait_for(lambda: "(run " in run.stderr and run.stderr.count(" started") == 2, timeout=90)
     run_id = run.stderr.split("(run ", 1)[1].split(":", 1)[0]
     run.wait_for(lambda: len(containers(f"fdl-tasks.run={run_id}")) == 2, timeout=60)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from rig.harness import RigCluster, start_rig
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, start_rig
 
 pytestmark = pytest.mark.rig
 
@@ -33,7 +33,8 @@ FAST_RETRY = {"INVOKE_FDL_VERIFY_RETRIES": "1", "INVOKE_FDL_VERIFY_RETRY_DELAY":
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    yield from start_rig(tmp_path_factory.mktemp("delivery"), HOSTS, [ARCH])
+    with start_rig(tmp_path_factory.mktemp("delivery"), HOSTS, [ARCH]) as cluster:
+        yield cluster
 
 
 def copy_view(rig: RigCluster, name: str, with_libtorch: bool = True) -> Path:
@@ -81,14 +82,7 @@ def test_missing_binary_and_missing_library_are_named(rig: RigCluster) -> None:
     binary = rig.project / BIN.format(host="nolib")
     (view / BIN.format(host="nolib")).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(binary, view / BIN.format(host="nolib"))
-    done = rig.inv(
-        "prebuild",
-        "--cmd",
-        "ddp-bench",
-        "--cluster-file",
-        str(cluster(rig, "nolib.yaml", nolib=view)),
-        env=FAST_RETRY,
-    )
+    done = prebuild(rig, cluster(rig, "nolib.yaml", nolib=view))
     assert done.returncode == 1
     assert "nolib: libraries not found with the envelope's LD_LIBRARY_PATH: libtorch.so" in (
         done.stderr

@@ -13,17 +13,17 @@ import pty
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from fdl_tasks.envelope import decode
+from rig.harness import RigCluster, Running, containers, inv_argv, prebuild_args, start_rig
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, Running, docker_settings, start_rig
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
@@ -34,11 +34,15 @@ HOSTS = [
 ]
 VARIANTS = ("precompiled/cu128", "precompiled/cu126", "precompiled/cpu")
 ENVELOPE = "target/cluster/_envelope.json"
+#: These tests need several builds in flight at once; with the compile cache the
+#: first build runs alone (so that the others can hit), which is not what they test.
+PARALLEL = {"INVOKE_FDL_COMPILE_CACHE": "0"}
 
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    yield from start_rig(tmp_path_factory.mktemp("faults"), HOSTS, VARIANTS, docker=True)
+    with start_rig(tmp_path_factory.mktemp("faults"), HOSTS, VARIANTS, docker=True) as cluster:
+        yield cluster
 
 
 @pytest.fixture(autouse=True)
@@ -47,11 +51,6 @@ def fresh_targets(rig: RigCluster) -> Iterator[None]:
     for host in HOSTS:
         rig.rig.start_host(host.name)
     yield
-    for run in Running.started:  # a failed test must not leave a prebuild running
-        if run.process.poll() is None:
-            run.process.send_signal(signal.SIGINT)
-            run.finish()
-    Running.started.clear()
 
 
 def cluster(rig: RigCluster, name: str, docker: bool, sleep: float = 0) -> Path:
@@ -59,7 +58,7 @@ def cluster(rig: RigCluster, name: str, docker: bool, sleep: float = 0) -> Path:
     workers = [rig.worker(h, arch=a) for h, a in archs.items()]
     controller: dict[str, Any] = {}
     if docker:
-        settings = docker_settings()
+        settings = rig.docker_settings()
         settings["env"] = {"FDL_FIXTURE_BUILD_SLEEP": str(sleep)}
         controller["docker"] = settings
     return rig.write(workers, name, **controller)
@@ -70,31 +69,15 @@ def run_containers(run: Running, running: bool = False) -> list[str]:
     match = re.search(r"\(run ([0-9a-f]+):", run.stderr)
     if match is None:
         return []
-    out = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "-q",
-            *([] if running else ["-a"]),
-            "--filter",
-            f"label=fdl-tasks.run={match.group(1)}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return out.split()
+    return containers(f"fdl-tasks.run={match.group(1)}", running=running)
 
 
 def build_processes(project: Path) -> list[str]:
     """cargo and build scripts working on this rig's project (not other builds on the machine)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-            cwd = os.readlink(entry / "cwd")
-        except (OSError, ValueError):
-            continue
+    for process in psutil.process_iter(["cmdline", "cwd"]):
+        argv = " ".join(process.info["cmdline"] or []).strip()
+        cwd = process.info["cwd"] or ""
         ours = str(project) in argv or cwd.startswith(str(project))
         if ours and ("build-script-build" in argv or argv.startswith("cargo build --release")):
             found.append(argv)
@@ -103,7 +86,9 @@ def build_processes(project: Path) -> list[str]:
 
 def test_sigint_stops_every_build_container(rig: RigCluster) -> None:
     path = cluster(rig, "int.yaml", docker=True, sleep=60)
-    run = Running(rig, "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env={})
+    run = rig.background(
+        "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=PARALLEL
+    )
     run.wait_for(lambda: len(run_containers(run, running=True)) >= 2)
     run.process.send_signal(signal.SIGINT)
     assert run.finish() != 0
@@ -115,15 +100,7 @@ def test_sigint_stops_every_build_container(rig: RigCluster) -> None:
 
 def test_sigterm_stops_native_cargo_and_its_children(rig: RigCluster) -> None:
     path = cluster(rig, "term.yaml", docker=False)
-    run = Running(
-        rig,
-        "prebuild",
-        "--cmd",
-        "ddp-bench",
-        "--cluster-file",
-        str(path),
-        env={"FDL_FIXTURE_BUILD_SLEEP": "60"},
-    )
+    run = rig.background(*prebuild_args(path), env={**PARALLEL, "FDL_FIXTURE_BUILD_SLEEP": "60"})
     run.wait_for(lambda: len(build_processes(rig.project)) >= 2)
     run.process.send_signal(signal.SIGTERM)
     assert run.finish() != 0
@@ -137,35 +114,11 @@ def test_sigterm_stops_native_cargo_and_its_children(rig: RigCluster) -> None:
 
 def test_container_killed_from_outside_fails_that_build_only(rig: RigCluster) -> None:
     path = cluster(rig, "kill.yaml", docker=True, sleep=6)
-    run = Running(
-        rig,
-        "prebuild",
-        "--cmd",
-        "ddp-bench",
-        "--jobs",
-        "3",
-        "--per-host",
-        "--cluster-file",
-        str(path),
-        env={},
-    )
+    run = rig.background(*prebuild_args(path, "--jobs", "3", "--per-host", "--no-cache"), env={})
     run.wait_for(lambda: len(run_containers(run, running=True)) >= 3)
     run_id = re.search(r"\(run ([0-9a-f]+):", run.stderr)
     assert run_id is not None
-    victim = subprocess.run(
-        [
-            "docker",
-            "ps",
-            "-q",
-            "--filter",
-            "label=fdl-tasks.job=beta",
-            "--filter",
-            f"label=fdl-tasks.run={run_id.group(1)}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    victim = containers("fdl-tasks.job=beta", f"fdl-tasks.run={run_id.group(1)}", running=True)
     assert victim, run.stderr
     subprocess.run(["docker", "kill", victim[0]], check=True, capture_output=True)
     assert run.finish() == 1
@@ -179,14 +132,7 @@ def test_container_killed_from_outside_fails_that_build_only(rig: RigCluster) ->
 
 def test_docker_daemon_unreachable_fails_before_any_build(rig: RigCluster) -> None:
     path = cluster(rig, "nodaemon.yaml", docker=True)
-    done = rig.inv(
-        "prebuild",
-        "--cmd",
-        "ddp-bench",
-        "--cluster-file",
-        str(path),
-        env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"},
-    )
+    done = rig.inv(*prebuild_args(path), env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert done.returncode == 1
     assert "the Docker daemon does not answer" in done.stderr
     assert "build(s)" not in done.stderr and "Traceback" not in done.stderr
@@ -195,13 +141,7 @@ def test_docker_daemon_unreachable_fails_before_any_build(rig: RigCluster) -> No
 def test_target_tree_not_writable(rig: RigCluster) -> None:
     (rig.project / "target").mkdir()
     (rig.project / "target/cluster").write_text("a file where the tree should be")
-    done = rig.inv(
-        "prebuild",
-        "--cmd",
-        "ddp-bench",
-        "--cluster-file",
-        str(cluster(rig, "ro.yaml", docker=False)),
-    )
+    done = rig.inv(*prebuild_args(cluster(rig, "ro.yaml", docker=False)))
     assert done.returncode == 1
     assert "the target tree is not writable" in done.stderr
     assert "Traceback" not in done.stderr
@@ -210,9 +150,9 @@ def test_target_tree_not_writable(rig: RigCluster) -> None:
 def test_two_prebuilds_at_once_both_finish(rig: RigCluster) -> None:
     path = cluster(rig, "twice.yaml", docker=False)
     env = {"FDL_FIXTURE_BUILD_SLEEP": "3"}
-    first = Running(rig, "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
+    first = rig.background("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
     first.wait_for(lambda: "build(s)" in first.stderr)
-    second = Running(rig, "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
+    second = rig.background("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
     assert first.finish() == 0, first.stderr
     assert second.finish() == 0, second.stderr
     assert "waiting for the prebuild already running on this project" in second.stderr
@@ -222,15 +162,7 @@ def test_two_prebuilds_at_once_both_finish(rig: RigCluster) -> None:
 
 def test_host_disappearing_before_verification_is_a_warning(rig: RigCluster) -> None:
     path = cluster(rig, "vanish.yaml", docker=False)
-    run = Running(
-        rig,
-        "prebuild",
-        "--cmd",
-        "ddp-bench",
-        "--cluster-file",
-        str(path),
-        env={"FDL_FIXTURE_BUILD_SLEEP": "3"},
-    )
+    run = rig.background(*prebuild_args(path), env={"FDL_FIXTURE_BUILD_SLEEP": "3"})
     run.wait_for(lambda: "build(s)" in run.stderr)
     rig.rig.stop_host("beta")
     assert run.finish() == 0, run.stderr
@@ -268,8 +200,8 @@ def test_sshd_killed_mid_probe_is_a_warning(rig: RigCluster) -> None:
     slow.chmod(0o755)
     try:
         path = cluster(rig, "midprobe.yaml", docker=False)
-        run = Running(
-            rig, "preflight", "--cluster-file", str(path), env={"INVOKE_FDL_PROBE_TIMEOUT": "20"}
+        run = rig.background(
+            "preflight", "--cluster-file", str(path), env={"INVOKE_FDL_PROBE_TIMEOUT": "20"}
         )
         time.sleep(2)
         started = time.monotonic()
@@ -291,16 +223,7 @@ def test_live_status_line_on_a_real_terminal(rig: RigCluster) -> None:
     path = cluster(rig, "tty.yaml", docker=False)
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "invoke",
-            "prebuild",
-            "--cmd",
-            "ddp-bench",
-            "--cluster-file",
-            str(path),
-        ],
+        inv_argv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path)),
         cwd=rig.root,
         env=rig.environment({"FDL_FIXTURE_BUILD_SLEEP": "2"}),
         stdout=subprocess.DEVNULL,

@@ -14,11 +14,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from fdl_tasks.envelope import decode
+from rig.harness import RigCluster, Running, start_rig
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, Running, start_rig
 
 pytestmark = pytest.mark.rig
 
@@ -28,7 +29,7 @@ ARCHS = {"run-a": "precompiled/cu128", "run-b": "precompiled/cpu"}
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    for cluster in start_rig(tmp_path_factory.mktemp("launch"), HOSTS, list(ARCHS.values())):
+    with start_rig(tmp_path_factory.mktemp("launch"), HOSTS, list(ARCHS.values())) as cluster:
         path = cluster_file(cluster, "launch.yaml")
         done = cluster.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
         assert done.returncode == 0, done.stderr
@@ -38,11 +39,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
 @pytest.fixture(autouse=True)
 def no_leftovers(rig: RigCluster) -> Iterator[None]:
     yield
-    for run in Running.started:
-        if run.process.poll() is None:
-            run.process.kill()
-            run.finish()
-    Running.started.clear()
+    Running.stop_all()
     for pid in binary_processes(rig):
         os.kill(pid, signal.SIGKILL)
 
@@ -59,17 +56,12 @@ def binaries(rig: RigCluster) -> dict[str, str]:
 
 def binary_processes(rig: RigCluster) -> list[int]:
     """Processes running one of the hosts' prebuilt binaries, wherever they came from."""
-    found = []
     wanted = set(binaries(rig).values())
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
-            except OSError:
-                continue
-            if argv0 in wanted:
-                found.append(int(entry.name))
-    return found
+    return [
+        process.pid
+        for process in psutil.process_iter(["cmdline"])
+        if (process.info["cmdline"] or [""])[0] in wanted
+    ]
 
 
 def wait_until(predicate: object, timeout: float) -> bool:
@@ -83,8 +75,7 @@ def wait_until(predicate: object, timeout: float) -> bool:
 
 def start_launch(rig: RigCluster, path: Path, seconds: int, *quiet: str) -> Running:
     """``inv launch`` in the background, once every host's program has printed a few steps."""
-    run = Running(
-        rig,
+    run = rig.background(
         "launch",
         "--cmd",
         "ddp-bench",

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from rig.harness import RigCluster, start_rig
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, start_rig
 
 pytestmark = pytest.mark.rig
 
@@ -41,7 +41,8 @@ TIMEOUTS = {"INVOKE_FDL_CONNECT_TIMEOUT": str(CONNECT), "INVOKE_FDL_PROBE_TIMEOU
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    yield from start_rig(tmp_path_factory.mktemp("preflight"), HOSTS)
+    with start_rig(tmp_path_factory.mktemp("preflight"), HOSTS) as cluster:
+        yield cluster
 
 
 def all_workers(rig: RigCluster) -> list[dict[str, Any]]:

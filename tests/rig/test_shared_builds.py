@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fdl_tasks.envelope import decode
+from rig.harness import RigCluster, start_rig
 from rig.sshrig import HostSpec
-from tests.rig.conftest import RigCluster, docker_settings, run_on_host, start_rig
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
@@ -24,7 +24,8 @@ ARCHS = {
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
     variants = sorted(set(ARCHS.values()))
-    yield from start_rig(tmp_path_factory.mktemp("shared"), HOSTS, variants, docker=True)
+    with start_rig(tmp_path_factory.mktemp("shared"), HOSTS, variants, docker=True) as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def counted(rig: RigCluster) -> Path:
 
 def prebuild(rig: RigCluster, archs: dict[str, str], *extra: str) -> str:
     workers = [rig.worker(host, arch=arch) for host, arch in archs.items()]
-    path = rig.write(workers, "shared.yaml", docker=docker_settings())
+    path = rig.write(workers, "shared.yaml", docker=rig.docker_settings())
     done = rig.inv(
         "prebuild",
         "--cmd",
@@ -66,7 +67,7 @@ def assert_each_host_runs_its_arch(rig: RigCluster, stdout: str, archs: dict[str
             envelopes[host].bin
             == f"target/cluster/{host}/{arch.replace('/', '-')}/release/ddp-bench"
         )
-        line = run_on_host(rig, host, str(rig.project), envelopes[host])
+        line = rig.run_on_host(host, str(rig.project), envelopes[host])
         assert line == f"ddp-bench variant={arch} cuda=on"
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import fabric
 import paramiko
+import psutil
 import pytest
 
 from rig.sshrig import HostSpec, Rig, RigError
@@ -239,24 +240,18 @@ def test_down_from_another_process(tmp_path: Path) -> None:
 
 
 def _tree(pid: int) -> set[int]:
-    found = {pid}
-    for _ in range(5):
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError):
-                    continue
-                if ppid in found:
-                    found.add(int(entry))
-    return found
-
-
-def _cmdline(pid: int) -> bytes:
+    """``pid`` and its descendants, zombies included."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+        return {pid} | {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return {pid}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
 
 
 def test_down_stops_everything(rig: Rig) -> None:
@@ -270,7 +265,7 @@ def test_down_stops_everything(rig: Rig) -> None:
         if h.listen != "none"
     ]
     deadline = time.monotonic() + 10
-    while not any(b"sleep" in _cmdline(p) for p in _tree(listeners[3])):
+    while not any("sleep" in _cmdline(p) for p in _tree(listeners[3])):
         assert time.monotonic() < deadline, "remote sleep never started"
         time.sleep(0.05)
     pids = set().union(*(_tree(p) for p in listeners))
