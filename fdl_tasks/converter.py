@@ -17,53 +17,12 @@ from cattrs.errors import ForbiddenExtraKeysError
 from cattrs.gen import make_dict_structure_fn
 
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import (
-    AbsPath,
-    Arch,
-    ComposeService,
-    CpuArch,
-    CudaRelease,
-    DockerSettings,
-    EnvName,
-    EnvValue,
-    HostLabel,
-    ImageTemplate,
-    LaunchEnvName,
-    MountPath,
-    Port,
-    Program,
-    RamShare,
-    RustTarget,
-    ServiceName,
-    SshOption,
-)
+from fdl_tasks.model import ComposeService, DockerSettings
 from fdl_tasks.values import (
-    CacheSize,
-    Count,
+    CHECKS,
     InvalidValue,
-    Seconds,
-    Switch,
-    check_abs_path,
-    check_arch,
-    check_cache_size,
-    check_count,
-    check_cpu_arch,
-    check_cuda_release,
-    check_env_name,
-    check_env_value,
-    check_image,
     check_int,
-    check_label,
-    check_launch_env_name,
-    check_mount_path,
-    check_port,
-    check_program,
-    check_ram_share,
-    check_rust_target,
-    check_seconds,
     check_service,
-    check_ssh_option,
-    check_switch,
     check_text,
     cut,
     kind_of,
@@ -72,29 +31,6 @@ from fdl_tasks.values import (
 T = TypeVar("T")
 #: How many problems one message lists.
 MAX_PROBLEMS = 8
-#: The single-value check of each kind in the model.
-CHECKS: dict[Any, Callable[[object], object]] = {
-    HostLabel: check_label,
-    Arch: check_arch,
-    AbsPath: check_abs_path,
-    EnvName: check_env_name,
-    EnvValue: check_env_value,
-    LaunchEnvName: check_launch_env_name,
-    ServiceName: check_service,
-    CudaRelease: check_cuda_release,
-    RamShare: check_ram_share,
-    Port: check_port,
-    SshOption: check_ssh_option,
-    ImageTemplate: check_image,
-    MountPath: check_mount_path,
-    Seconds: check_seconds,
-    CpuArch: check_cpu_arch,
-    RustTarget: check_rust_target,
-    Program: check_program,
-    Count: check_count,
-    Switch: check_switch,
-    CacheSize: check_cache_size,
-}
 
 
 def _with_check(check: Callable[[object], object]) -> Callable[[object, Any], object]:

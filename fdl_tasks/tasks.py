@@ -34,7 +34,13 @@ HELP = {
     "cmd": "the command to build (cargo --bin name)",
     "crate-dir": "crate directory relative to controller.path (default: <cmd>/ if it holds "
     "a Cargo.toml, else the project root)",
+    "no-cache": "build without the compile cache (sccache), every build from scratch",
 }
+
+
+def off(flag: bool) -> bool | None:
+    """A ``--no-…`` option as a settings override: ``False`` when given, else the setting."""
+    return False if flag else None
 
 
 def user_errors(body: F) -> F:
@@ -73,13 +79,7 @@ def preflight(
     pipeline.preflight(run, abi=not no_prebuild, as_json=json)
 
 
-@task(
-    help={
-        **HELP,
-        "host": "the worker's host label in cluster.yaml",
-        "no-cache": "build without the compile cache (sccache)",
-    }
-)
+@task(help={**HELP, "host": "the worker's host label in cluster.yaml"})
 @user_errors
 def build_host(
     c: Context,
@@ -92,12 +92,8 @@ def build_host(
     json: bool = False,
 ) -> None:
     """Build one host's binary against its own libtorch; print its envelope entry."""
-    run = Run.start(
-        c,
-        cluster_file=cluster_file,
-        controller_host=controller_host,
-        compile_cache=False if no_cache else None,
-    )
+    options = {"cluster_file": cluster_file, "controller_host": controller_host}
+    run = Run.start(c, **options, compile_cache=off(no_cache))
     worker = run.cluster.worker(host)
     if worker.host == run.controller:
         raise FdlError(f"{host!r} is the controller: its build is the normal local build")
@@ -116,7 +112,6 @@ def build_host(
         "per-host": "one build per host even where builds are identical (full isolation)",
         "no-verify": "skip delivery verification (hash, libraries, glibc) on the hosts",
         "timeout": "seconds one build may take (default: fdl.build_timeout)",
-        "no-cache": "build without the compile cache (sccache), every build from scratch",
     }
 )
 @user_errors
@@ -141,9 +136,9 @@ def prebuild(
         controller_host=controller_host,
         build_jobs=jobs,
         build_timeout=timeout,
-        shared_builds=False if per_host else None,
-        verify=False if no_verify else None,
-        compile_cache=False if no_cache else None,
+        shared_builds=off(per_host),
+        verify=off(no_verify),
+        compile_cache=off(no_cache),
     )
     command = check_command(cmd)
     if no_prebuild:

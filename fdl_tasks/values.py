@@ -3,13 +3,18 @@
 Pure functions, no I/O. A check returns the value (possibly normalised) or
 raises :class:`InvalidValue` with a message that quotes the value cut short,
 so that one bad 10 kB value still makes a one-line message.
+
+This module is longer than the others on purpose: it holds every rule of
+what cluster.yaml accepts (about twenty kinds of value), so that they can be
+read, and changed, in one place.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Annotated
+from collections.abc import Callable
+from typing import Any
 
 from fdl_tasks.model import (
     AbsPath,
@@ -19,7 +24,9 @@ from fdl_tasks.model import (
     EnvName,
     EnvValue,
     HostLabel,
+    ImageTemplate,
     LaunchEnvName,
+    MountPath,
     Port,
     Program,
     RamShare,
@@ -89,15 +96,23 @@ def kind_of(value: object) -> str:
     return f"{names.get(type(value), type(value).__name__)} ({quote(value)})"
 
 
+def matching(value: object, pattern: re.Pattern[str], what: str, rule: str) -> str:
+    """Text that ``pattern`` matches whole; else ``<what> '<value>' <rule>``."""
+    text = check_text(value)
+    if not pattern.fullmatch(text):
+        raise InvalidValue(" ".join(filter(None, (what, quote(text), rule))))
+    return text
+
+
 def check_label(value: object) -> HostLabel:
     """A host label is a path segment: letters, digits, ``.``, ``_``, ``-``."""
-    text = check_text(value)
-    if not _LABEL.fullmatch(text):
-        raise InvalidValue(
-            f"host label {quote(text)} must start with a letter or digit and hold only "
-            "letters, digits, '.', '_' and '-' (it becomes a directory name)"
-        )
-    return text
+    return matching(
+        value,
+        _LABEL,
+        "host label",
+        "must start with a letter or digit and hold only letters, digits, '.', '_' and '-' "
+        "(it becomes a directory name)",
+    )
 
 
 def check_arch(value: object) -> Arch:
@@ -153,10 +168,7 @@ def check_mount_path(value: object) -> str:
 
 
 def check_env_name(value: object) -> EnvName:
-    text = check_text(value)
-    if not _ENV_NAME.fullmatch(text):
-        raise InvalidValue(f"{quote(text)} is not a valid environment variable name")
-    return text
+    return matching(value, _ENV_NAME, "", "is not a valid environment variable name")
 
 
 def check_launch_env_name(value: object) -> LaunchEnvName:
@@ -171,13 +183,12 @@ def check_launch_env_name(value: object) -> LaunchEnvName:
 
 
 def check_service(value: object) -> ServiceName:
-    text = check_text(value)
-    if not _SERVICE.fullmatch(text):
-        raise InvalidValue(
-            f"compose service {quote(text)} must be a service name of the project's "
-            "docker compose file, such as 'cuda'"
-        )
-    return text
+    return matching(
+        value,
+        _SERVICE,
+        "compose service",
+        "must be a service name of the project's docker compose file, such as 'cuda'",
+    )
 
 
 def check_ram_share(value: object) -> RamShare:
@@ -192,22 +203,17 @@ def check_ram_share(value: object) -> RamShare:
 
 
 def check_cpu_arch(value: object) -> CpuArch:
-    text = check_text(value)
-    if not _MACHINE.fullmatch(text):
-        raise InvalidValue(
-            f"CPU architecture {quote(text)} must be a name as 'uname -m' prints it, "
-            "such as 'x86_64' or 'aarch64'"
-        )
-    return text
+    return matching(
+        value,
+        _MACHINE,
+        "CPU architecture",
+        "must be a name as 'uname -m' prints it, such as 'x86_64' or 'aarch64'",
+    )
 
 
 def check_rust_target(value: object) -> RustTarget:
-    text = check_text(value)
-    if not _TARGET.fullmatch(text):
-        raise InvalidValue(
-            f"Rust target {quote(text)} must be a target triple such as 'aarch64-unknown-linux-gnu'"
-        )
-    return text
+    rule = "must be a target triple such as 'aarch64-unknown-linux-gnu'"
+    return matching(value, _TARGET, "Rust target", rule)
 
 
 def check_program(value: object) -> Program:
@@ -255,53 +261,22 @@ def check_int(value: object) -> int:
     return value
 
 
-# --------------------------------------------------------------- fdl settings
-
-#: A positive number of seconds; text (from a command line) is accepted.
-Seconds = Annotated[float, "Seconds"]
-#: A whole number, 0 or more; text is accepted.
-Count = Annotated[int, "Count"]
-#: A switch: a boolean, or 1/0, true/false, yes/no as text (Invoke's casting).
-Switch = Annotated[bool, "Switch"]
-#: sccache's size bound: a number with an optional K, M, G or T.
-CacheSize = Annotated[str, "CacheSize"]
-_SWITCH_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
-
-
-def _number(value: object) -> float | None:
-    """A number, or text that is one (Invoke passes untyped options as text)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def check_seconds(value: object) -> Seconds:
-    seconds = _number(value)
-    if seconds is None or not 0 < seconds < math.inf:
-        raise InvalidValue(f"must be a positive number of seconds, got {quote(value)}")
-    return seconds
-
-
-def check_count(value: object) -> Count:
-    count = _number(value)
-    if count is None or count < 0 or not count.is_integer():
-        raise InvalidValue(f"must be int (a whole number, 0 or more), got {quote(value)}")
-    return int(count)
-
-
-def check_switch(value: object) -> Switch:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in _SWITCH_WORDS:
-        return _SWITCH_WORDS[value.lower()]
-    raise InvalidValue(f"must be bool (true or false, yes or no, 1 or 0), got {quote(value)}")
-
-
-def check_cache_size(value: object) -> CacheSize:
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
-        raise InvalidValue(f"must be a size such as '10G' or '500M', got {quote(value)}")
-    return text
+#: The check of each kind of value, for the converter.
+CHECKS: dict[Any, Callable[[object], object]] = {
+    HostLabel: check_label,
+    Arch: check_arch,
+    AbsPath: check_abs_path,
+    EnvName: check_env_name,
+    EnvValue: check_env_value,
+    LaunchEnvName: check_launch_env_name,
+    ServiceName: check_service,
+    CudaRelease: check_cuda_release,
+    RamShare: check_ram_share,
+    Port: check_port,
+    SshOption: check_ssh_option,
+    ImageTemplate: check_image,
+    MountPath: check_mount_path,
+    CpuArch: check_cpu_arch,
+    RustTarget: check_rust_target,
+    Program: check_program,
+}
