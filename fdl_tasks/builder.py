@@ -24,20 +24,14 @@ from invoke.context import Context
 from invoke.exceptions import CommandTimedOut
 
 from fdl_tasks.cache import CacheStats, CompileCache, read_stats
+from fdl_tasks.commands import JOB_LABEL, RUN_LABEL, compose_command, docker_command, native_command
 from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.containers import container_user, remove_containers
 from fdl_tasks.errors import FdlError
 from fdl_tasks.files import log_tail
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.model import Cluster, ComposeService
-from fdl_tasks.plan import (
-    JOB_LABEL,
-    RUN_LABEL,
-    BuildJob,
-    compose_command,
-    docker_command,
-    native_command,
-)
+from fdl_tasks.plan import BuildJob
 from fdl_tasks.rules import join_path, libtorch_dir
 
 

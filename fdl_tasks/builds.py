@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from fdl_tasks.builder import Builder, JobResult, check_cargo, failure_report
 from fdl_tasks.cache import CompileCache, find_cache, open_cache
+from fdl_tasks.commands import RUN_LABEL, compose_environment
 from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.containers import (
     check_docker,
@@ -21,7 +22,7 @@ from fdl_tasks.containers import (
 )
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
-from fdl_tasks.plan import RUN_LABEL, BuildJob, compose_environment
+from fdl_tasks.plan import BuildJob
 from fdl_tasks.run import Run
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
+from fdl_tasks.commands import RUN_LABEL
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import ComposeService
-from fdl_tasks.plan import RUN_LABEL
 
 
 def _docker_client() -> Any:

@@ -8,6 +8,7 @@ its key path (``workers[2].ssh.port: expected an integer``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar, get_args, get_origin
 
@@ -26,9 +27,12 @@ from fdl_tasks.values import (
     check_text,
     cut,
     kind_of,
+    quote,
 )
 
 T = TypeVar("T")
+#: Keys holding these are quoted with escapes in messages, so a message stays one line.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\x85]")
 #: How many problems one message lists.
 MAX_PROBLEMS = 8
 
@@ -118,19 +122,36 @@ def _describe(exc: BaseException, kind: Any) -> str:
         return str(exc)
     if isinstance(exc, ForbiddenExtraKeysError):
         known = ", ".join(a.name for a in attrs.fields(exc.cl))
-        unknown = ", ".join(cut(k) for k in sorted(map(str, exc.extra_fields))[:MAX_PROBLEMS])
+        names = sorted(map(str, exc.extra_fields))[:MAX_PROBLEMS]
+        unknown = ", ".join(quote(k) if _CONTROL.search(k) else cut(k) for k in names)
         return f"unknown key(s) {unknown}; expected one of: {known}"
     if isinstance(exc, KeyError):
         return "required key missing"
     return cattrs.v.format_exception(exc, kind)
 
 
-def _readable(problem: str) -> str:
-    """cattrs says ``msg @ $.workers[2].ssh.port``; we say ``workers[2].ssh.port: msg``.
+def _problems(exc: BaseException) -> list[tuple[str, str]]:
+    """Every problem as (key path, message).
 
-    A message that is a predicate (``must be …``) follows its path directly.
+    cattrs renders each as ``<message> @ <path>``; both halves may quote user
+    text holding ``" @ "``, so the messages are kept aside and cattrs is given
+    only their numbers to render.
     """
-    message, _, path = problem.rpartition(" @ ")
+    if not isinstance(exc, cattrs.BaseValidationError):
+        return [("$", str(exc))]
+    messages: list[str] = []
+
+    def numbered(error: BaseException, kind: Any) -> str:
+        messages.append(_describe(error, kind))
+        return str(len(messages) - 1)
+
+    rendered = cattrs.transform_error(exc, path="$", format_exception=numbered)
+    split = (line.partition(" @ ") for line in rendered)
+    return [(path, messages[int(number)]) for number, _, path in split]
+
+
+def _readable(path: str, message: str) -> str:
+    """``workers[2].ssh.port: msg``; a predicate (``must be …``) follows its path directly."""
     path = path.removeprefix("$").removeprefix(".") or "(top level)"
     return f"{path} {message}" if message.startswith("must ") else f"{path}: {message}"
 
@@ -140,12 +161,8 @@ def structure(data: object, cls: type[T], what: str, root: str = "") -> T:
     try:
         return CONVERTER.structure(data, cls)
     except (cattrs.BaseValidationError, InvalidValue) as exc:
-        problems = (
-            cattrs.transform_error(exc, path="$", format_exception=_describe)
-            if isinstance(exc, cattrs.BaseValidationError)
-            else [f"{exc} @ $"]
-        )
-        listed = [root + _readable(p) for p in problems[:MAX_PROBLEMS]]
+        problems = _problems(exc)
+        listed = [root + _readable(path, text) for path, text in problems[:MAX_PROBLEMS]]
         if len(problems) > MAX_PROBLEMS:
             listed.append(f"and {len(problems) - MAX_PROBLEMS} more problem(s)")
         raise FdlError(f"{what}: " + "; ".join(listed) + ".") from None

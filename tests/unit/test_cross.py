@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from fdl_tasks.commands import compose_command, docker_command, native_command
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
-from fdl_tasks.plan import compose_command, docker_command, native_command, plan_builds
+from fdl_tasks.plan import plan_builds
 from fdl_tasks.probe import BuildEnvironment, ProbeFacts, ProbeRequest, judge
 from fdl_tasks.verify import RemoteCopy, delivery_problems, elf_machine
 

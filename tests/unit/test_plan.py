@@ -6,16 +6,11 @@ import shlex
 
 import pytest
 
+from fdl_tasks.commands import compose_command, docker_command, native_command
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
-from fdl_tasks.plan import (
-    compose_command,
-    docker_command,
-    native_command,
-    plan_builds,
-    resolve_image,
-)
+from fdl_tasks.plan import plan_builds, resolve_image
 
 
 def cluster(archs: dict[str, str], docker: dict[str, object] | None = None) -> Cluster:
