@@ -66,13 +66,18 @@ def _variables(wrapper: str, directory: str, size: str, server: str) -> dict[str
 
 def with_stats(build: str, sccache: str, target_dir: str) -> str:
     """Shell: the ``build`` command, then the server's counts into
-    ``<target_dir>/sccache-stats.json`` and the server stopped; the exit code stays the build's."""
+    ``<target_dir>/sccache-stats.json`` and the server stopped; the exit code stays the build's.
+
+    A build that compiled nothing (a no-op) started no server: then there is
+    nothing to ask, and no server is started just to be asked.
+    """
     stats = shlex.quote(f"{target_dir}/{STATS_FILE}")
     tool = shlex.quote(sccache)
     return (
-        f"{build}; status=$?; "
+        f"rm -f {stats}; {build}; status=$?; "
+        'if [ -S "$SCCACHE_SERVER_UDS" ]; then '
         f"{tool} --show-stats --stats-format json >{stats} 2>/dev/null; "
-        f"{tool} --stop-server >/dev/null 2>&1; exit $status"
+        f"{tool} --stop-server >/dev/null 2>&1; fi; exit $status"
     )
 
 
