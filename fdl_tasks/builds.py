@@ -44,13 +44,17 @@ def check_tools(cluster: Cluster, jobs: Sequence[BuildJob]) -> tuple[str, ...]:
         return ()
     compose_argv = find_compose()
     ids = (os.geteuid(), os.getegid())
-    environments = [compose_environment(controller.path, j.spec.arch, ids) for j in jobs]
-    check_docker(
-        compose_images(compose_argv, docker, controller.path, environments),
-        f"the images of compose service {docker.service!r}",
-    )
-    if environments:
-        create_compose_networks(compose_argv, docker, controller.path, environments[0])
+    services: dict[str, list[dict[str, str]]] = {}
+    for job in jobs:  # cross builds may run in a service of their own
+        service = job.spec.cross.service if job.spec.cross and job.spec.cross.service else None
+        environment = compose_environment(controller.path, job.spec.arch, ids)
+        services.setdefault(service or docker.service, []).append(environment)
+    for service, environments in services.items():
+        check_docker(
+            compose_images(compose_argv, service, controller.path, environments),
+            f"the images of compose service {service!r}",
+        )
+        create_compose_networks(compose_argv, service, controller.path, environments[0])
     return compose_argv
 
 

@@ -91,11 +91,14 @@ def docker_command(
         f"LIBTORCH_PATH={docker.libtorch}",
         *cache_flags,
     ]
-    for name, value in {**docker.env, **cross_variables(job.spec)}.items():
+    cross = job.spec.cross
+    env = dict(cross.env) if cross and cross.env is not None else docker.env
+    run_args = cross.run_args if cross and cross.run_args is not None else docker.run_args
+    for name, value in {**env, **cross_variables(job.spec)}.items():
         argv += ["-e", f"{name}={value}"]
     cargo = cargo_argv(job.spec)
     build = ["sh", "-c", with_stats(shlex.join(cargo), CONTAINER_SCCACHE, target)]
-    argv += [*docker.run_args, image, *(build if cache else cargo)]
+    argv += [*run_args, image, *(build if cache else cargo)]
     return shlex.join(argv)
 
 

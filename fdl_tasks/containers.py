@@ -17,7 +17,6 @@ import yaml
 
 from fdl_tasks.commands import RUN_LABEL
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import ComposeService
 
 
 def _docker_client() -> Any:
@@ -74,7 +73,7 @@ def find_compose() -> tuple[str, ...]:
 
 def compose_images(
     compose_argv: Sequence[str],
-    compose: ComposeService,
+    service: str,
     root: str,
     environments: Iterable[dict[str, str]],
 ) -> set[str]:
@@ -86,27 +85,27 @@ def compose_images(
     for environment in {tuple(sorted(e.items())) for e in environments}:
         answer = _compose(compose_argv, ["config"], root, dict(environment), "config failed")
         services = (yaml.safe_load(answer) or {}).get("services") or {}
-        if compose.service not in services:
+        if service not in services:
             raise FdlError(
-                f"controller.docker names the compose service {compose.service!r}, but the "
+                f"cluster.yaml names the compose service {service!r}, but the "
                 f"compose file in {root} defines only: {', '.join(sorted(services)) or 'none'}"
             )
-        image = services[compose.service].get("image")
+        image = services[service].get("image")
         if image:
             images.add(str(image))
     return images
 
 
 def create_compose_networks(
-    compose_argv: Sequence[str], compose: ComposeService, root: str, environment: dict[str, str]
+    compose_argv: Sequence[str], service: str, root: str, environment: dict[str, str]
 ) -> None:
     """Let compose create the project's networks once, before builds run in parallel.
 
     Compose creates them on first use, and two first uses at once race: both
     create ``<project>_default`` and every later run finds the name ambiguous.
     """
-    warm_up = ["run", "--rm", "-T", "--label", f"{RUN_LABEL}=warm-up", compose.service, "true"]
-    _compose(compose_argv, warm_up, root, environment, f"could not start {compose.service!r}")
+    warm_up = ["run", "--rm", "-T", "--label", f"{RUN_LABEL}=warm-up", service, "true"]
+    _compose(compose_argv, warm_up, root, environment, f"could not start {service!r}")
 
 
 def _compose(

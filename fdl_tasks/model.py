@@ -99,13 +99,17 @@ class CrossSetup:
 
     Every field has a default: the Rust target and the GNU cross linker that
     Debian and Ubuntu name for the architecture, the ``docker run`` image or
-    the compose service of the native builds.
+    the compose service of the native builds. ``run_args`` and ``env``, when
+    given, replace ``controller.docker``'s for this architecture's builds (a
+    cross image rarely wants the native image's toolchain mounts).
     """
 
     target: RustTarget | None = None
     linker: Program | None = None
     image: ImageTemplate | None = None
     service: ServiceName | None = None
+    run_args: tuple[str, ...] | None = None
+    env: Mapping[EnvName, EnvValue] | None = None
 
 
 @attrs.frozen

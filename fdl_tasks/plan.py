@@ -41,6 +41,8 @@ class CrossBuild:
     target: str
     linker: str
     service: str | None = None  # compose mode: the service that cross-builds
+    run_args: tuple[str, ...] | None = None  # docker run mode: instead of docker's
+    env: tuple[tuple[str, str], ...] | None = None  # docker run mode: instead of docker's
 
 
 @attrs.frozen
@@ -106,7 +108,10 @@ def cross_build(
     """The cross build for ``machine``: the setup's values, else the GNU defaults."""
     target, linker = GNU_TARGETS.get(machine, ("", ""))
     service = (setup.service or docker.service) if isinstance(docker, ComposeService) else None
-    return CrossBuild(machine, setup.target or target, setup.linker or linker, service)
+    env = tuple(setup.env.items()) if setup.env is not None else None
+    return CrossBuild(
+        machine, setup.target or target, setup.linker or linker, service, setup.run_args, env
+    )
 
 
 def build_spec(
@@ -132,6 +137,22 @@ def _shared_name(spec: BuildSpec) -> str:
     return f"_shared/{build_slug(spec.arch, spec.machine_suffix)}-{digest}"
 
 
+def _one_cpu_per_arch(specs: Mapping[str, BuildSpec]) -> None:
+    """Every build links against ``<controller.path>/libtorch/<arch>``, whatever its CPU:
+    hosts of two CPU architectures cannot share an arch name."""
+    seen: dict[str, tuple[str, str]] = {}
+    for host, spec in specs.items():
+        machine = spec.cross.machine if spec.cross else "the controller's"
+        other = seen.setdefault(spec.arch, (host, machine))
+        if other[1] != machine:
+            raise FdlError(
+                f"hosts {other[0]!r} ({other[1]} CPU) and {host!r} ({machine} CPU) both use arch "
+                f"{spec.arch!r}, but every build links against libtorch/{spec.arch} on the "
+                f"controller: give each CPU's variant a directory of its own (e.g. "
+                f"'{spec.arch}-aarch64')"
+            )
+
+
 def plan_builds(
     workers: Iterable[Worker],
     docker: DockerSettings | ComposeService | None,
@@ -153,6 +174,7 @@ def plan_builds(
             raise FdlError(f"host {host!r} is {machine}, but controller.cross has no entry for it")
         setups[host] = (machine, (cross or {})[machine])
     specs = {w.host: build_spec(w, docker, command, crate_dir, setups.get(w.host)) for w in workers}
+    _one_cpu_per_arch(specs)
     if not shared:
         return [
             BuildJob(host, spec, (host,), target_dir(host, spec.arch, spec.machine_suffix))

@@ -16,6 +16,9 @@ from fdl_tasks.probe import BuildEnvironment, ProbeFacts, ProbeRequest, judge
 from fdl_tasks.verify import RemoteCopy, delivery_problems, elf_machine
 
 ARM = "aarch64-unknown-linux-gnu"
+#: The aarch64 hosts' libtorch: a directory of its own on the controller.
+ARM_VARIANT = "precompiled/cu128-arm"
+BOTH = {"gh200": "aarch64", "spark": "aarch64"}
 
 
 def cluster(docker: Any = None, cross: Any = None, **arm: Any) -> Cluster:
@@ -27,8 +30,8 @@ def cluster(docker: Any = None, cross: Any = None, **arm: Any) -> Cluster:
     workers = [
         {"host": "x1", "path": "/m", "arch": "precompiled/cu128"},
         {"host": "x2", "path": "/m", "arch": "precompiled/cu126"},
-        {"host": "gh200", "path": "/m", "arch": "precompiled/cu128", **arm},
-        {"host": "spark", "path": "/m", "arch": "precompiled/cu128"},
+        {"host": "gh200", "path": "/m", "arch": ARM_VARIANT, **arm},
+        {"host": "spark", "path": "/m", "arch": ARM_VARIANT},
     ]
     return parse_cluster({"controller": controller, "workers": workers}, "c.yaml")
 
@@ -42,16 +45,17 @@ def plan(c: Cluster, machines: dict[str, str], shared: bool = True) -> list[Any]
 
 def test_one_build_per_variant_and_cpu_architecture() -> None:
     c = cluster(cross={"aarch64": {}})
-    jobs = plan(c, {"gh200": "aarch64", "spark": "aarch64"})
+    jobs = plan(c, BOTH)
     by_hosts = {job.hosts: job for job in jobs}
     assert sorted(by_hosts) == [("gh200", "spark"), ("x1",), ("x2",)]
     arm = by_hosts[("gh200", "spark")]
     assert arm.spec.cross is not None and arm.spec.cross.target == ARM
     assert arm.spec.cross.linker == "aarch64-linux-gnu-gcc"
-    assert arm.target_dir.startswith("target/cluster/_shared/precompiled-cu128-aarch64-")
+    assert arm.target_dir.startswith("target/cluster/_shared/precompiled-cu128-arm-aarch64-")
     assert arm.built_binary == f"{arm.target_dir}/{ARM}/release/bench"
     assert (
-        arm.host_binary("gh200") == "target/cluster/gh200/precompiled-cu128-aarch64/release/bench"
+        arm.host_binary("gh200")
+        == "target/cluster/gh200/precompiled-cu128-arm-aarch64/release/bench"
     )
     assert (
         by_hosts[("x1",)].host_binary("x1") == "target/cluster/x1/precompiled-cu128/release/bench"
@@ -60,14 +64,14 @@ def test_one_build_per_variant_and_cpu_architecture() -> None:
 
 def test_per_host_cross_target_dir_carries_the_cpu_architecture() -> None:
     c = cluster(cross={"aarch64": {}})
-    jobs = {job.hosts[0]: job for job in plan(c, {"gh200": "aarch64"}, shared=False)}
-    assert jobs["gh200"].target_dir == "target/cluster/gh200/precompiled-cu128-aarch64"
+    jobs = {job.hosts[0]: job for job in plan(c, BOTH, shared=False)}
+    assert jobs["gh200"].target_dir == "target/cluster/gh200/precompiled-cu128-arm-aarch64"
     assert jobs["x1"].target_dir == "target/cluster/x1/precompiled-cu128"
 
 
 def test_a_host_without_a_cross_setup_is_refused_when_planned() -> None:
     with pytest.raises(FdlError, match=r"controller\.cross has no entry"):
-        plan(cluster(), {"gh200": "aarch64"})
+        plan(cluster(), BOTH)
 
 
 def test_docker_cross_build_uses_its_image_target_and_linker() -> None:
@@ -75,7 +79,7 @@ def test_docker_cross_build_uses_its_image_target_and_linker() -> None:
     cross = {"aarch64": {"image": "flodl-cross-arm64:{cuda_tag}"}}
     c = cluster(docker, cross)
     assert isinstance(c.controller.docker, DockerSettings)
-    arm = next(j for j in plan(c, {"gh200": "aarch64"}) if j.spec.cross)
+    arm = next(j for j in plan(c, BOTH) if j.spec.cross)
     argv = shlex.split(docker_command(arm, c.controller, c.controller.docker, "r", None))
     assert "flodl-cross-arm64:12.8" in argv
     assert "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc" in argv
@@ -86,13 +90,13 @@ def test_docker_cross_build_uses_its_image_target_and_linker() -> None:
 
 def test_native_and_compose_cross_builds() -> None:
     c = cluster(cross={"aarch64": {"linker": "/opt/gcc/bin/aarch64-gcc"}})
-    arm = next(j for j in plan(c, {"gh200": "aarch64"}) if j.spec.cross)
+    arm = next(j for j in plan(c, BOTH) if j.spec.cross)
     native = shlex.split(native_command(arm, c.controller).split(" && exec ")[1])
     assert "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=/opt/gcc/bin/aarch64-gcc" in native
     assert native[-4:] == ["--target", ARM, "--bin", "bench"]
     composed = cluster("cuda", {"aarch64": {"service": "cuda-arm64"}})
     assert isinstance(composed.controller.docker, ComposeService)
-    arm = next(j for j in plan(composed, {"gh200": "aarch64"}) if j.spec.cross)
+    arm = next(j for j in plan(composed, BOTH) if j.spec.cross)
     line = compose_command(
         arm, composed.controller, composed.controller.docker, ["docker", "compose"], "r", (0, 0)
     )
@@ -162,3 +166,27 @@ def test_a_binary_for_another_cpu_is_refused_naming_both() -> None:
     assert problems == [
         "gh200: /m/bin is a x86_64 binary but the host is aarch64: it cannot run there"
     ]
+
+
+def test_two_cpus_cannot_share_one_arch_directory() -> None:
+    """Every build links libtorch/<arch> on the controller: an x86_64 and an aarch64 host on
+    'precompiled/cu128' would link the aarch64 build against the x86_64 library."""
+    with pytest.raises(FdlError, match="give each CPU's variant a directory of its own"):
+        plan(cluster(cross={"aarch64": {}}), {"gh200": "aarch64"})  # spark: x86_64
+
+
+def test_a_cross_setup_may_replace_the_run_args_and_env() -> None:
+    docker = {"image": "img", "run_args": ["--volume=/rust:/rust:ro"], "env": {"PATH": "/rust"}}
+    cross = {"aarch64": {"image": "cross", "run_args": [], "env": {"CARGO_HOME": "/tmp/c"}}}
+    c = cluster(docker, cross)
+    assert isinstance(c.controller.docker, DockerSettings)
+    jobs = {j.hosts: j for j in plan(c, BOTH)}
+    arm = shlex.split(
+        docker_command(jobs[("gh200", "spark")], c.controller, c.controller.docker, "r", None)
+    )
+    native = shlex.split(
+        docker_command(jobs[("x1",)], c.controller, c.controller.docker, "r", None)
+    )
+    assert "--volume=/rust:/rust:ro" in native and "PATH=/rust" in native
+    assert "--volume=/rust:/rust:ro" not in arm and "PATH=/rust" not in arm
+    assert "CARGO_HOME=/tmp/c" in arm
