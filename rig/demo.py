@@ -1,9 +1,11 @@
 """The embedded demo rig that ``fdl.cluster.yml`` (and ``cluster.yaml``) at the root describe.
 
 ``python3 -m rig.demo up`` makes a flodl-shaped project tree (the fixture
-workspace, four stub libtorch variants, and a ``docker-compose.yml`` with
-flodl's ``dev`` and ``cuda`` services) and starts four simulated workers,
-each a real sshd on its own loopback address; ``down`` stops them.
+workspace, four x86_64 stub libtorch variants and an aarch64 one, and a
+``docker-compose.yml`` with flodl's ``dev`` and ``cuda`` services plus a
+``cuda-arm64`` cross-build service) and starts five simulated workers, each a
+real sshd on its own loopback address; ``node-gh200`` is an aarch64 host
+whose programs run under qemu-user (:mod:`rig.cross`). ``down`` stops them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import os
 from pathlib import Path
 
+from rig.cross import add_aarch64_variant, ensure
 from rig.harness import bring_up
 from rig.project import write_compose_file
 from rig.sshrig import HostSpec, Rig
@@ -24,13 +27,19 @@ HOSTS = (
     HostSpec("node-blackwell-2", "127.0.0.5"),
     HostSpec("node-pascal", "127.0.0.3"),
     HostSpec("node-cpu", "127.0.0.4"),
+    HostSpec("node-gh200", "127.0.0.6", emulate="aarch64"),
 )
 VARIANTS = ("precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu", "precompiled/cu126")
+#: Compiled for aarch64: node-gh200's libtorch, a directory of its own on the share.
+AARCH64_VARIANTS = ("precompiled/cu128-aarch64",)
 
 
 def up() -> None:
+    ensure()  # qemu binfmt for node-gh200, the cross image for its stub and builds
     bring_up(RIG, HOSTS, PROJECT, VARIANTS, known_hosts=DEMO / "known_hosts")
-    write_compose_file(PROJECT)
+    for arch in AARCH64_VARIANTS:
+        add_aarch64_variant(PROJECT, arch)
+    write_compose_file(PROJECT, cross=True)
     (PROJECT / "data").mkdir(exist_ok=True)
     pascal_view = DEMO / "mnt" / "pascal"
     pascal_view.parent.mkdir(parents=True, exist_ok=True)

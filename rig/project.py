@@ -5,9 +5,14 @@ Layout produced under ``root``::
     Cargo.toml, Cargo.lock            workspace (member ddp-bench)
     ddp-bench/                        the crate (build.rs links -ltorch, no rpath)
     libtorch/<arch>/lib/libtorch.so   one stub per arch, e.g. precompiled/cu128
+    docker-compose.yml                flodl's services (write_compose_file)
 
 Each stub's ``fdl_torch_variant()`` returns its arch string, so the built
-binary prints which libtorch the loader actually picked up.
+binary prints which libtorch the loader actually picked up. A stub is built
+for this machine's CPU, or for another one with that CPU's C compiler
+(:func:`add_variant`; aarch64 variants: :func:`rig.cross.add_aarch64_variant`).
+An aarch64 host's variant needs a directory of its own (``precompiled/cu128-aarch64``):
+the controller links each build against ``<controller.path>/libtorch/<arch>``.
 """
 
 from __future__ import annotations
@@ -16,21 +21,30 @@ import os
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
 __all__ = [
+    "CROSS_SERVICE",
+    "ELF_MACHINES",
     "FIXTURE_DIR",
     "STUB_SOURCE",
+    "VARIANT_MARKER",
     "add_variant",
     "break_variant",
+    "elf_machine",
     "libtorch_dir",
     "make_project",
+    "stub_compile_argv",
     "write_compose_file",
 ]
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixture"
 STUB_SOURCE = FIXTURE_DIR / "stub_libtorch.c"
+#: Next to each stub: the arch it was compiled for.
+VARIANT_MARKER = ".fdl-variant"
+#: ELF ``e_machine`` numbers of the CPUs the rig compiles stubs for.
+ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 
 # Not copied into a project: build outputs and the stub source (it is compiled
 # into libtorch/<arch>/lib, not part of the cargo workspace).
@@ -54,20 +68,24 @@ def _c_string_literal(value: str) -> str:
     return f'"{escaped}"'
 
 
-def _compile_stub(lib_file: Path, arch: str) -> None:
-    lib_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = lib_file.with_name(lib_file.name + ".tmp")
-    cmd = [
-        os.environ.get("CC", "gcc"),
+def stub_compile_argv(compiler: Sequence[str], output: Path, arch: str) -> list[str]:
+    """``compiler`` (an argv prefix) building the stub for ``arch`` as ``output``."""
+    return [
+        *compiler,
         "-shared",
         "-fPIC",
         "-O2",
         f"-DFDL_VARIANT={_c_string_literal(arch)}",
         "-Wl,-soname,libtorch.so",
         "-o",
-        str(tmp),
+        str(output),
         str(STUB_SOURCE),
     ]
+
+
+def _compile_stub(lib_file: Path, arch: str, compiler: Sequence[str]) -> None:
+    tmp = lib_file.with_name(lib_file.name + ".tmp")
+    cmd = stub_compile_argv(compiler, tmp, arch)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(
@@ -77,28 +95,49 @@ def _compile_stub(lib_file: Path, arch: str) -> None:
     tmp.replace(lib_file)
 
 
-def _variant_marker(lib_dir: Path) -> Path:
-    return lib_dir / ".fdl-variant"
+def elf_machine(path: Path) -> str | None:
+    """The CPU a little-endian 64-bit ELF file is for (``uname -m`` names), else ``None``."""
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:6] != b"\x7fELF\x02\x01":
+        return None
+    return ELF_MACHINES.get(int.from_bytes(head[18:20], "little"))
 
 
-def add_variant(root: Path, arch: str) -> Path:
-    """Compile the stub as ``root/libtorch/<arch>/lib/libtorch.so``; return the arch dir.
-
-    Skipped when an up-to-date stub for exactly this arch is already there.
-    """
-    arch_dir = libtorch_dir(root, arch)
-    lib_dir = arch_dir / "lib"
-    lib_file = lib_dir / "libtorch.so"
-    marker = _variant_marker(lib_dir)
-    up_to_date = (
-        lib_file.is_file()
+def _stub_up_to_date(lib_dir: Path, arch: str, machine: str) -> bool:
+    lib_file, marker = lib_dir / "libtorch.so", lib_dir / VARIANT_MARKER
+    return (
+        elf_machine(lib_file) == machine
         and marker.is_file()
         and marker.read_text() == arch
         and lib_file.stat().st_mtime >= STUB_SOURCE.stat().st_mtime
     )
-    if not up_to_date:
-        _compile_stub(lib_file, arch)
-        marker.write_text(arch)
+
+
+def add_variant(
+    root: Path,
+    arch: str,
+    *,
+    machine: str | None = None,
+    compiler: Sequence[str] | None = None,
+) -> Path:
+    """Compile the stub as ``root/libtorch/<arch>/lib/libtorch.so``; return the arch dir.
+
+    ``machine``: the CPU it is for (``uname -m`` names; default this machine's),
+    ``compiler``: the argv prefix of a C compiler for that CPU (default ``$CC``,
+    else ``gcc``; see :func:`rig.cross.add_aarch64_variant`). ``lib/`` exists
+    before it runs. Skipped when an up-to-date stub for exactly this arch and
+    CPU is already there.
+    """
+    arch_dir = libtorch_dir(root, arch)
+    lib_dir = arch_dir / "lib"
+    if not _stub_up_to_date(lib_dir, arch, machine or os.uname().machine):
+        lib_dir.mkdir(parents=True, exist_ok=True)
+        _compile_stub(lib_dir / "libtorch.so", arch, compiler or [os.environ.get("CC", "gcc")])
+        (lib_dir / VARIANT_MARKER).write_text(arch)
     return arch_dir
 
 
@@ -141,7 +180,10 @@ def make_project(
     return root
 
 
-def _compose_service(image: str, libtorch_volume: str, **extra: object) -> dict[str, object]:
+def _compose_service(
+    image: str, libtorch_volume: str, *, own_toolchain: bool = False, **extra: object
+) -> dict[str, object]:
+    """A service like flodl's; the host's Rust toolchain mounted unless the image has its own."""
     from rig.docker_builder import toolchain_env, toolchain_mounts
 
     return {
@@ -150,20 +192,24 @@ def _compose_service(image: str, libtorch_volume: str, **extra: object) -> dict[
         "volumes": [
             ".:/workspace",
             f"{libtorch_volume}:/usr/local/libtorch:ro",
-            *toolchain_mounts(),
+            *([] if own_toolchain else toolchain_mounts()),
         ],
         "working_dir": "/workspace",
         "environment": {
             "LIBTORCH_PATH": "/usr/local/libtorch",
             # Lets fault tests keep a build in flight (see the fixture's build.rs).
             "FDL_FIXTURE_BUILD_SLEEP": "${FDL_FIXTURE_BUILD_SLEEP:-0}",
-            **toolchain_env(),
+            **({} if own_toolchain else toolchain_env()),
         },
         **extra,
     }
 
 
-def write_compose_file(root: Path) -> Path:
+#: The compose service that cross-builds for aarch64 hosts (``controller.cross.aarch64.service``).
+CROSS_SERVICE = "cuda-arm64"
+
+
+def write_compose_file(root: Path, *, cross: bool = False) -> Path:
     """A ``docker-compose.yml`` shaped like flodl's: its ``dev`` and ``cuda`` services.
 
     Same image names (the rig tags its builder image ``flodl-cuda:<tag>`` and
@@ -172,17 +218,25 @@ def write_compose_file(root: Path) -> Path:
     ``UID``/``GID``). What differs: no ``build:`` (flodl's Dockerfiles need the
     network), no GPU reservation (no GPU here), cargo caches left out, and the
     host's Rust toolchain mounted read-only because the rig image has none.
+    With ``cross``, also :data:`CROSS_SERVICE` for aarch64 hosts, shaped the
+    same, in the rig's cross image (:data:`rig.cross.CROSS_REF`, which has its
+    own toolchain).
     """
     import yaml
 
+    from rig.cross import CROSS_REF
+
+    host_libtorch = "${LIBTORCH_HOST_PATH:-./libtorch/precompiled/cu128}"
     services = {
         "dev": _compose_service("flodl-dev", "${LIBTORCH_CPU_PATH:-./libtorch/precompiled/cpu}"),
         "cuda": _compose_service(
-            "flodl-cuda:${CUDA_TAG:-12.8}",
-            "${LIBTORCH_HOST_PATH:-./libtorch/precompiled/cu128}",
-            network_mode="host",
+            "flodl-cuda:${CUDA_TAG:-12.8}", host_libtorch, network_mode="host"
         ),
     }
+    if cross:
+        services[CROSS_SERVICE] = _compose_service(
+            CROSS_REF, host_libtorch, own_toolchain=True, network_mode="host"
+        )
     path = Path(root) / "docker-compose.yml"
     path.write_text(yaml.safe_dump({"services": services}, sort_keys=False), encoding="utf-8")
     return path

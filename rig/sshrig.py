@@ -4,19 +4,20 @@ Every :class:`HostSpec` becomes one ``/usr/sbin/sshd -D`` instance with its own 
 listening on its own loopback address (``127.0.0.2``, ``127.0.0.3``, ...) and port, and
 accepting a client ed25519 key the rig generates (:attr:`Rig.client_key`).
 
-No aarch64 host, musl host, old-glibc host or pkill-less host can exist on this machine,
-so **CPU arch and libc are simulated by per-host shims served through a real sshd**:
-each host's sshd has ``ForceCommand <host_dir>/session.sh``, a wrapper that puts
-``<host_dir>/bin`` (the shims) first on ``PATH`` and then runs the client's command with
+No aarch64 host (but through qemu-user, below), musl host, old-glibc host or pkill-less
+host can exist on this machine, so **CPU arch and libc are simulated by per-host shims
+served through a real sshd**: each host's sshd has ``ForceCommand <host_dir>/session.sh``,
+a wrapper that sets the host's environment, puts ``<host_dir>/bin`` (the shims) first on
+``PATH`` and then runs the client's command with
 ``exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"``, so exit codes, stdin, stdout and stderr
 are the command's own, for OpenSSH and paramiko/Fabric exec requests alike (and sftp,
 whose subsystem command goes through the same wrapper). The wrapper, the sshd config
 and the shims are the files of ``rig/templates`` with their ``@{name}`` placeholders
 filled in. The shims:
 
-- ``uname`` / ``arch`` (when ``uname_m`` is set): ``uname -m`` / ``uname --machine`` /
-  ``arch`` print the simulated machine (nothing at all for ``""``); any other invocation
-  execs the real command.
+- ``uname`` / ``arch`` (when ``uname_m`` or ``emulate`` is set): ``uname -m`` /
+  ``uname --machine`` / ``arch`` print the simulated machine (nothing at all for ``""``);
+  any other invocation execs the real command.
 - ``ldd`` (when ``libc="musl"`` or ``glibc_version`` is set): only ``ldd --version`` is
   faked.  musl prints the real musl loader banner *on stderr* and exits 1, exactly like
   musl's ``ldd``; a glibc version replaces the first line with ``ldd (GNU libc) X.Y``

@@ -1,0 +1,224 @@
+"""An aarch64 host among x86_64 ones, end to end through the real ``inv`` (issue #13).
+
+``gh200`` is an emulated aarch64 host (``HostSpec(emulate="aarch64")``): its
+``uname -m`` says aarch64, its programs run under qemu-user through binfmt,
+and its ``ldd`` traces aarch64 files with the aarch64 loader. Its libtorch
+variant is an aarch64 stub in a directory of its own
+(``precompiled/cu128-aarch64``: the controller links each build against
+``<controller.path>/libtorch/<arch>``), built in the rig's cross image
+(:mod:`rig.cross`), which also cross-builds the binary. So the binary that
+prebuild verifies and launch runs there is a real aarch64 program.
+
+Native cargo mode is not tested here when the controller's rustc has no
+aarch64 std (rustup's toolchain here has none, and ``rustup target add``
+needs the network): :func:`test_native_cross_build` skips, saying so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fdl_tasks.envelope import PerHostEnvelope, decode
+from fdl_tasks.rules import GNU_TARGETS
+from rig.cross import CROSS_REF, add_aarch64_variant, ensure
+from rig.harness import RigCluster, prebuild_args, start_rig
+from rig.project import CROSS_SERVICE, elf_machine, write_compose_file
+from rig.sshrig import HostSpec
+
+pytestmark = [pytest.mark.rig, pytest.mark.docker]
+
+HOSTS = [
+    HostSpec("gb-1", "127.0.0.100"),
+    HostSpec("gb-2", "127.0.0.101"),
+    HostSpec("pascal", "127.0.0.102"),
+    HostSpec("gh200", "127.0.0.103", emulate="aarch64"),
+]
+ARM_ARCH = "precompiled/cu128-aarch64"
+ARCHS = {
+    "gb-1": "precompiled/cu128",
+    "gb-2": "precompiled/cu128",  # shares gb-1's build
+    "pascal": "builds/sm61-sm120",
+    "gh200": ARM_ARCH,  # its own build, cross-compiled
+}
+X86_VARIANTS = ["precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu"]
+FAST_RETRY = {"INVOKE_FDL_VERIFY_RETRIES": "1", "INVOKE_FDL_VERIFY_RETRY_DELAY": "0.2"}
+ENVELOPE = "target/cluster/_envelope.json"
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
+    ensure()  # qemu binfmt and the cross image (only checks when scripts/setup did it)
+    tmp = tmp_path_factory.mktemp("aarch64")
+    with start_rig(tmp, HOSTS, X86_VARIANTS, docker=True) as cluster:
+        add_aarch64_variant(cluster.project, ARM_ARCH)
+        write_compose_file(cluster.project, cross=True)
+        yield cluster
+
+
+def cluster_file(
+    rig: RigCluster,
+    name: str,
+    docker: Any,
+    cross: dict[str, str],
+    *,
+    pin: bool = False,
+    arm_path: Path | None = None,
+) -> Path:
+    """Every host on its variant; ``gh200`` pinned to aarch64 or found by preflight."""
+    workers = []
+    for host, arch in ARCHS.items():
+        fields: dict[str, Any] = {"arch": arch}
+        if host == "gh200" and pin:
+            fields["cpu_arch"] = "aarch64"
+        if host == "gh200" and arm_path is not None:
+            fields["path"] = str(arm_path)
+        workers.append(rig.worker(host, **fields))
+    controller: dict[str, Any] = {"cross": {"aarch64": cross}}
+    if docker is not None:
+        controller["docker"] = docker
+    return rig.write(workers, name, **controller)
+
+
+def docker_run_cluster(rig: RigCluster, name: str = "docker-run.yaml", **kw: Any) -> Path:
+    return cluster_file(rig, name, rig.docker_settings(), {"image": CROSS_REF}, **kw)
+
+
+def envelopes(rig: RigCluster) -> dict[str, PerHostEnvelope]:
+    return decode((rig.project / ENVELOPE).read_text(), ENVELOPE)
+
+
+def assert_cross_prebuild_and_launch(rig: RigCluster, path: Path, tool: str) -> None:
+    """One prebuild, three builds for four hosts, all verified; launch runs every variant."""
+    done = rig.inv(*prebuild_args(path))
+    assert done.returncode == 0, done.stderr
+    assert f"prebuild: 3 build(s) with {tool}," in done.stderr
+    assert f"{ARM_ARCH} (aarch64)" in done.stderr  # the summary names the cross build
+    assert "verify: 4 host(s) see the same bytes, every library resolves" in done.stderr
+    entries = envelopes(rig)
+    assert entries["gh200"].bin.endswith("-aarch64-aarch64/release/ddp-bench")
+    assert elf_machine(rig.project / entries["gh200"].bin) == "aarch64"
+    assert elf_machine(rig.project / entries["gb-1"].bin) == "x86_64"
+    launched = rig.inv("launch", "--cmd", "ddp-bench", "--cluster-file", str(path))
+    assert launched.returncode == 0, launched.stderr
+    for host, arch in ARCHS.items():
+        assert f"[{host}] ddp-bench variant={arch} cuda=on" in launched.stdout
+
+
+def test_docker_run_cross_builds_the_aarch64_host_and_launches_it(rig: RigCluster) -> None:
+    """gh200 is found by preflight (``uname -m``), not pinned."""
+    assert_cross_prebuild_and_launch(rig, docker_run_cluster(rig), "docker run")
+
+
+def test_compose_cross_service_builds_the_aarch64_host(rig: RigCluster) -> None:
+    """flodl's form: ``controller.docker: cuda``, the cross build in ``cuda-arm64``."""
+    path = cluster_file(rig, "compose.yaml", "cuda", {"service": CROSS_SERVICE}, pin=True)
+    assert_cross_prebuild_and_launch(rig, path, "docker compose run")
+
+
+def host_view(rig: RigCluster, name: str) -> Path:
+    """A host-private copy of the project (libtorch included, no builds): a stale mount."""
+    view = rig.root / f"view-{name}"
+    shutil.rmtree(view, ignore_errors=True)
+    shutil.copytree(rig.project, view, ignore=shutil.ignore_patterns("target"), symlinks=True)
+    return view
+
+
+def built(rig: RigCluster) -> dict[str, PerHostEnvelope]:
+    """Every host's binary built and verified in the shared project; the envelopes."""
+    done = rig.inv(*prebuild_args(docker_run_cluster(rig)))
+    assert done.returncode == 0, done.stderr
+    return envelopes(rig)
+
+
+def test_the_aarch64_binary_runs_on_the_emulated_host_with_its_libtorch_only(
+    rig: RigCluster,
+) -> None:
+    entry = built(rig)["gh200"]
+    line = rig.run_on_host("gh200", str(rig.project), entry)  # as the launcher runs it
+    assert line == f"ddp-bench variant={ARM_ARCH} cuda=on"
+    binary = rig.project / entry.bin
+    bare = subprocess.run(
+        rig.rig.ssh_argv("gh200", f"uname -m; ldd {binary}; {binary}"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert bare.returncode == 127  # no LD_LIBRARY_PATH: the loader finds no libtorch.so
+    assert "libtorch.so: cannot open shared object file" in bare.stderr
+    lines = bare.stdout.splitlines()
+    assert lines[0] == "aarch64"
+    assert "libtorch.so => not found" in lines[1]  # the emulated host's ldd reads aarch64
+    assert any("ld-linux-aarch64.so.1" in text for text in lines)
+
+
+def test_an_emulated_host_is_a_whole_machine() -> None:
+    with pytest.raises(ValueError, match="cannot be combined with uname_m"):
+        HostSpec("odd", "127.0.0.104", emulate="aarch64", glibc_version="2.17")
+
+
+def prebuild_with_arm_copy(rig: RigCluster, name: str, content: bytes) -> tuple[Path, str]:
+    """gh200 sees its own copy of the tree, holding ``content`` as its binary: stderr."""
+    entry = built(rig)["gh200"]
+    view = host_view(rig, name)
+    copy = view / entry.bin
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(content)
+    copy.chmod(0o755)
+    path = docker_run_cluster(rig, f"{name}.yaml", arm_path=view)
+    done = rig.inv(*prebuild_args(path), env=FAST_RETRY)
+    assert done.returncode == 1, done.stderr
+    assert "delivery verification failed; no envelope was published" in done.stderr
+    assert not (rig.project / ENVELOPE).exists()
+    return copy, done.stderr
+
+
+def test_stale_aarch64_copy_is_caught(rig: RigCluster) -> None:
+    """An older build's bytes (this one with more bytes after it: still aarch64 ELF)."""
+    current = (rig.project / built(rig)["gh200"].bin).read_bytes()
+    copy, stderr = prebuild_with_arm_copy(rig, "stale", current + b"\0older build")
+    assert f"gh200: {copy} differs from the controller's build" in stderr
+    assert "stale or lagging shared mount" in stderr
+    assert "binary but the host is" not in stderr  # right CPU, wrong bytes
+    for host in ("gb-1", "gb-2", "pascal"):
+        assert f"{host}:" not in stderr.split("verification failed")[1]
+
+
+def test_x86_binary_where_the_aarch64_host_expects_its_own_is_refused(rig: RigCluster) -> None:
+    x86 = (rig.project / built(rig)["gb-1"].bin).read_bytes()
+    copy, stderr = prebuild_with_arm_copy(rig, "wrong-cpu", x86)
+    assert f"gh200: {copy} is a x86_64 binary but the host is aarch64: it cannot run there" in (
+        stderr
+    )
+    assert f"gh200: {copy} differs from the controller's build" in stderr
+
+
+def native_cross_problem() -> str | None:
+    """Why native cargo cannot build for aarch64 on this controller (``None``: it can)."""
+    target, linker = GNU_TARGETS["aarch64"]
+    if shutil.which(linker) is None:
+        return f"no {linker} on PATH"
+    answer = subprocess.run(
+        ["rustc", "--print", "target-libdir", "--target", target],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    libdir = Path(answer.stdout.strip())
+    if answer.returncode != 0 or not any(libdir.glob("libstd-*")):
+        return f"the controller's rustc has no {target} std (rustup target add needs the network)"
+    return None
+
+
+def test_native_cross_build(rig: RigCluster) -> None:
+    problem = native_cross_problem()
+    if problem is not None:
+        pytest.skip(f"native cross build not possible here: {problem}")
+    path = cluster_file(rig, "native.yaml", None, {})
+    assert_cross_prebuild_and_launch(rig, path, "native cargo")
