@@ -37,7 +37,7 @@ from fdl_tasks.interrupts import sigterm_as_interrupt
 from rig.harness import builder_settings, rig_worker, write_cluster
 
 VARIANTS = {"precompiled/cu128": 2071, "precompiled/cu126": 2082, "precompiled/cu118": 2063}
-SWAPPED = "precompiled/cu124"
+SWAPPED = "precompiled/cu126-pt27"  # its own directory, an existing image tag
 CACHE = STATE / "sccache"
 RESULTS = Path(__file__).resolve().parent / "cache-results.json"
 
