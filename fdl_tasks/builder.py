@@ -23,8 +23,15 @@ import attrs
 from invoke.context import Context
 from invoke.exceptions import CommandTimedOut
 
-from fdl_tasks.cache import CacheStats, CompileCache, read_stats
-from fdl_tasks.commands import JOB_LABEL, RUN_LABEL, compose_command, docker_command, native_command
+from fdl_tasks.cache import CacheStats, CompileCache, read_stats, stop_server
+from fdl_tasks.commands import (
+    JOB_LABEL,
+    RUN_LABEL,
+    compose_command,
+    docker_command,
+    native_command,
+    native_server,
+)
 from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.containers import container_user, remove_containers
 from fdl_tasks.errors import FdlError
@@ -110,12 +117,15 @@ class Builder:
     def stop(self) -> None:
         """Stop every build this run started: cargo process groups and containers."""
         with self._lock:
-            groups = list(self._processes.values())
+            names, groups = list(self._processes), list(self._processes.values())
         for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGTERM)
         if self.cluster.controller.docker:
             remove_containers(f"{RUN_LABEL}={self.run_id}")
+        elif self.cache:
+            for name in names:
+                stop_server(self.cache, native_server(self.run_id, name))
 
     def run_one(self, job: BuildJob) -> JobResult:
         started = time.monotonic()
@@ -162,19 +172,25 @@ class Builder:
                 err_stream=stream,
                 timeout=self.timeout,
             )
+            group = promise.runner.process.pid
             with self._lock:
-                self._processes[job.name] = promise.runner.process.pid
+                self._processes[job.name] = group
+            # Invoke's own timeout kills the shell only, then waits for output
+            # that cargo, still running, holds open: stop the whole job instead.
+            expired = threading.Event()
+            deadline = threading.Timer(self.timeout, self._expire, (job, group, expired))
+            deadline.start()
             try:
                 exit_code: int | None = promise.join().exited
             except CommandTimedOut:
                 exit_code = None
-                self._stop_job(job, promise.runner.process.pid)
             finally:
+                deadline.cancel()
                 with self._lock:
                     self._processes.pop(job.name, None)
             stream.close_line()
         seconds = time.monotonic() - started
-        if exit_code is None:
+        if exit_code is None or expired.is_set():
             return JobResult(
                 job, False, seconds, f"timed out after {self.timeout:g}s", None, log_tail(log_path)
             )
@@ -184,12 +200,19 @@ class Builder:
             )
         return self._deliver(job, seconds)
 
+    def _expire(self, job: BuildJob, group: int, expired: threading.Event) -> None:
+        expired.set()
+        self._stop_job(job, group)
+
     def _stop_job(self, job: BuildJob, group: int) -> None:
-        """A timed-out build: its container, or its whole cargo process group."""
+        """A timed-out build: its container, or its whole cargo process group (and its
+        compile cache server, which runs in a session of its own)."""
         if self.cluster.controller.docker:
             remove_containers(f"{RUN_LABEL}={self.run_id}", f"{JOB_LABEL}={job.name}")
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
+        if self.cache and not self.cluster.controller.docker:
+            stop_server(self.cache, native_server(self.run_id, job.name))
 
     def _deliver(self, job: BuildJob, seconds: float) -> JobResult:
         """Place the binary at each host's own path (atomically) when the build was shared."""
@@ -210,7 +233,8 @@ class Builder:
                 partial = destination.with_name(f".{destination.name}.partial")
                 shutil.copy2(built, partial)
                 os.replace(partial, destination)
-        return JobResult(job, True, seconds, cache=read_stats(self.root / job.target_dir))
+        stats = read_stats(self.root / job.target_dir) if self.cache else None
+        return JobResult(job, True, seconds, cache=stats)
 
 
 def failure_report(result: JobResult, cluster: Cluster) -> str:

@@ -11,11 +11,13 @@ as they must. The final link is never cached.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import attrs
@@ -28,6 +30,8 @@ CONTAINER_TARGET = "/fdl-target"
 CONTAINER_SCCACHE = "/opt/fdl-sccache/sccache"
 #: Where a container sees the cache directory.
 CONTAINER_CACHE = "/fdl-sccache"
+#: A native build's server stops by itself after this long without work.
+NATIVE_IDLE_SECONDS = "300"
 #: Each build writes its hit counts here, in its target dir.
 STATS_FILE = "sccache-stats.json"
 
@@ -45,7 +49,11 @@ class CompileCache:
         return _variables(CONTAINER_SCCACHE, CONTAINER_CACHE, self.size, server)
 
     def native_variables(self, server: str) -> dict[str, str]:
-        return _variables(self.binary, self.directory, self.size, server)
+        """Natively the server outlives a killed build (its own session): it idles out."""
+        return {
+            **_variables(self.binary, self.directory, self.size, server),
+            "SCCACHE_IDLE_TIMEOUT": NATIVE_IDLE_SECONDS,
+        }
 
     def container_mounts(self) -> list[str]:
         """``-v`` values: the binary read-only, the cache read-write."""
@@ -93,6 +101,18 @@ class CacheStats:
         calls = self.hits + self.misses
         text = f"{self.hits}/{calls} hits" if calls else "no cacheable calls"
         return text + (f", {self.write_errors} write errors" if self.write_errors else "")
+
+
+def stop_server(cache: CompileCache, server: str) -> None:
+    """Stop one build's sccache server (a stopped native build leaves it behind)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [cache.binary, "--stop-server"],
+            env={**os.environ, "SCCACHE_SERVER_UDS": server},
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
 
 
 def find_sccache() -> str | None:

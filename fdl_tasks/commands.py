@@ -6,6 +6,7 @@ runs these strings as they are (``inv --dry`` prints them).
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from collections.abc import Mapping, Sequence
 
@@ -175,6 +176,12 @@ def compose_command(
     return f"cd {shlex.quote(controller.path)} && exec " + shlex.join(argv)
 
 
+def native_server(run_id: str, job_name: str) -> str:
+    """The socket of a native build's own sccache server (short: Unix sockets allow ~107)."""
+    digest = hashlib.sha256(job_name.encode()).hexdigest()[:12]
+    return f"/tmp/fdl-sccache-{run_id}-{digest}.sock"
+
+
 def native_command(
     job: BuildJob, controller: Controller, cache: CompileCache | None = None, run_id: str = ""
 ) -> str:
@@ -192,7 +199,7 @@ def native_command(
     if cache is None:
         command = ["env", env[0], f"CARGO_TARGET_DIR={target}", *env[1:], *cargo_argv(job.spec)]
     else:
-        server = f"/tmp/fdl-sccache-{run_id}-{container_name(run_id, job)}.sock"
+        server = native_server(run_id, job.name)
         env += [f"{k}={v}" for k, v in cache.native_variables(server).items()]
         build = shlex.join([*cargo_argv(job.spec), "--target-dir", target])
         command = ["env", *env, "sh", "-c", with_stats(build, cache.binary, target)]
