@@ -74,29 +74,38 @@ class ProbeFacts:
         return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def marked_answers(stdout: str) -> list[tuple[str, str]] | None:
-    """The ``key=value`` lines between the markers, in order; ``None`` if a marker is missing.
+@attrs.frozen
+class Answers:
+    """A host's ``key=value`` answers, in order (a key may come several times)."""
+
+    pairs: tuple[tuple[str, str], ...]
+
+    def get(self, key: str) -> str | None:
+        """The first answer to ``key`` (``None`` if it never came)."""
+        return next((value for k, value in self.pairs if k == key), None)
+
+    def every(self, key: str) -> tuple[str, ...]:
+        return tuple(value for k, value in self.pairs if k == key)
+
+
+def marked_answers(stdout: str) -> Answers | None:
+    """The ``key=value`` lines between the markers; ``None`` if a marker is missing.
 
     Whatever a login banner or a chatty shell rc prints around them is ignored.
     """
     if BEGIN not in stdout or END not in stdout:
         return None
-    answers = []
-    for line in stdout.split(BEGIN, 1)[1].split(END, 1)[0].splitlines():
-        key, separator, value = line.partition("=")
-        if separator:
-            answers.append((key, value.strip()))
-    return answers
+    body = stdout.split(BEGIN, 1)[1].split(END, 1)[0]
+    split = (line.partition("=") for line in body.splitlines())
+    return Answers(tuple((key, value.strip()) for key, equals, value in split if equals))
 
 
 def parse_facts(stdout: str) -> ProbeFacts | None:
     """The facts between the markers; ``None`` if the probe's output is incomplete."""
-    pairs = marked_answers(stdout)
-    if pairs is None:
+    answers = marked_answers(stdout)
+    if answers is None:
         return None
-    answers = dict(pairs)
-    data = answers.get("data")
-    pkill = answers.get("pkill")
+    data, pkill = answers.get("data"), answers.get("pkill")
     return ProbeFacts(
         data=data if data in ("ok", "missing", "unreadable") else None,  # type: ignore[arg-type]
         uname_m=answers.get("uname_m") or None,

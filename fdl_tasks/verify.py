@@ -103,17 +103,16 @@ class RemoteCopy:
 
 
 def parse_verification(stdout: str) -> RemoteCopy | None:
-    pairs = marked_answers(stdout)
-    if pairs is None:
+    answers = marked_answers(stdout)
+    if answers is None:
         return None
-    answers = dict(pairs)
     sha = answers.get("sha256")
     return RemoteCopy(
         sha256=None if sha in (None, "missing") else sha,
-        missing_libraries=tuple(v for k, v in pairs if k == "missing_lib"),
+        missing_libraries=answers.every("missing_lib"),
         libc=ProbeFacts(data=None, libc=answers.get("libc") or None),
         machine=answers.get("uname_m") or None,
-        binary_machine=elf_machine(answers.get("elf", "")),
+        binary_machine=elf_machine(answers.get("elf") or ""),
     )
 
 
