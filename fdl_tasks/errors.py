@@ -1,4 +1,4 @@
-"""The one exception type a user ever sees from fdl-tasks."""
+"""The exception types a run raises to the task boundary."""
 
 
 class FdlError(Exception):
@@ -6,4 +6,13 @@ class FdlError(Exception):
 
     Tasks turn it into one readable paragraph on stderr and a non-zero exit,
     never a traceback.
+    """
+
+
+class Stopped(Exception):
+    """The user stopped the run (Ctrl-C, SIGTERM): every build was stopped, nothing published.
+
+    Not an :class:`FdlError`: a watch loop must tell "the user stopped it" from
+    "a build failed" (it keeps watching after a failure, never after a stop).
+    Tasks turn it into one line and exit code 130.
     """
