@@ -10,10 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, TextIO
-
-if TYPE_CHECKING:
-    from fdl_tasks.builder import JobResult
+from typing import Protocol, TextIO
 
 
 class TextSink(Protocol):
@@ -31,8 +28,10 @@ class StatusBoard:
     failed, redrawn every half second; elsewhere (CI logs) only plain lines.
     """
 
-    def __init__(self, stream: TextIO = sys.stderr, live: bool | None = None) -> None:
-        self.stream = stream
+    def __init__(
+        self, stream: TextIO = sys.stderr, live: bool | None = None, label: str = "prebuild"
+    ) -> None:
+        self.stream, self.label = stream, label
         self.live = stream.isatty() if live is None else live
         self.lock = threading.Lock()
         self.running: dict[str, float] = {}
@@ -53,17 +52,17 @@ class StatusBoard:
         with self.lock:
             self.running[name] = time.monotonic()
         if not self.live:
-            self.write(f"prebuild: {name} started\n")
+            self.write(f"{self.label}: {name} started\n")
 
-    def finished(self, result: JobResult) -> None:
+    def finished(self, name: str, *, ok: bool, seconds: float, detail: str = "") -> None:
         with self.lock:
-            self.running.pop(result.job.name, None)
-            if result.ok:
+            self.running.pop(name, None)
+            if ok:
                 self.done += 1
             else:
                 self.failed += 1
-        state = "ok" if result.ok else f"FAILED ({result.detail})"
-        self.write(f"prebuild: {result.job.name} {state} in {result.seconds:.1f}s\n")
+        state = "ok" if ok else f"FAILED ({detail})"
+        self.write(f"{self.label}: {name} {state} in {seconds:.1f}s\n")
 
     def _draw(self) -> None:
         if not self.live:
@@ -88,6 +87,8 @@ class StatusBoard:
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
         if self.live:
             with self.lock:
                 self.stream.write("\r\033[K")

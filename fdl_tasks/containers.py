@@ -149,8 +149,3 @@ def remove_containers(*labels: str) -> int:
             removed += 1
         client.close()
     return removed
-
-
-def container_user() -> str | None:
-    """Run as the invoking user so files on the shared mount are not owned by root."""
-    return None if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"

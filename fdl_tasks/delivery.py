@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import attrs
+
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.remote import Fleet
@@ -21,14 +23,33 @@ from fdl_tasks.verify import (
 )
 
 
+@attrs.frozen(kw_only=True)
+class Delivery:
+    """What verification found: hosts that see a runnable copy, hosts it could not
+    ask (with the reason), and every problem that makes a host unable to run it."""
+
+    verified: tuple[str, ...]
+    unverified: Mapping[str, str]
+    problems: tuple[str, ...]
+
+    def summary(self) -> str:
+        """``2 verified, 1 not verified: node-c (unreachable: …)`` — never more than is true."""
+        text = f"{len(self.verified)} host(s) verified (same bytes, every library resolves)"
+        if self.unverified:
+            text += f", {len(self.unverified)} not verified: " + "; ".join(
+                f"{host} ({why})" for host, why in sorted(self.unverified.items())
+            )
+        return text
+
+
 def verify_delivery(
     fleet: Fleet,
     envelopes: Mapping[str, PerHostEnvelope],
     built: Mapping[str, Path],
     settings: Settings,
     report: Callable[[str], None],
-) -> list[str]:
-    """Problems that make a host unable to run its binary; unreachable hosts are only reported.
+) -> Delivery:
+    """Ask every host about its copy; unreachable hosts are counted as not verified.
 
     ``built[host]`` is the binary cargo produced for that host's build: each
     distinct build is hashed and parsed once, however many hosts share it,
@@ -41,6 +62,7 @@ def verify_delivery(
     needed = {h: needs[built[h]] for h in envelopes}
     scripts = {h: verification_script(fleet.workers[h].path, e) for h, e in envelopes.items()}
     copies: dict[str, RemoteCopy] = {}
+    unverified: dict[str, str] = {}
     pending = set(envelopes)
     for attempt in range(settings.verify_retries + 1):
         if attempt:
@@ -51,6 +73,7 @@ def verify_delivery(
             if copy is None:
                 reason = outcome.reason if isinstance(outcome, Failure) else "no usable answer"
                 report(f"verify: {host} not verified: {reason}")
+                unverified[host] = reason
                 pending.discard(host)
                 continue
             copies[host] = copy
@@ -59,7 +82,11 @@ def verify_delivery(
         if not pending:
             break
     problems = []
+    verified = []
     for host, copy in sorted(copies.items()):
         path = join_path(fleet.workers[host].path, envelopes[host].bin)
-        problems += delivery_problems(host, path, copy, expected[host], needed[host])
-    return problems
+        found = delivery_problems(host, path, copy, expected[host], needed[host])
+        problems += found
+        if not found:
+            verified.append(host)
+    return Delivery(verified=tuple(verified), unverified=unverified, problems=tuple(problems))

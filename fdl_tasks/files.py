@@ -5,21 +5,41 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fdl_tasks.errors import FdlError
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never a half-written one."""
+def replace_atomically(path: Path, fill: Callable[[Path], object]) -> None:
+    """``fill`` writes a hidden partial file beside ``path``, which then replaces it:
+    readers see the old file or the new one, never a half-written one."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        partial.write_text(text, encoding="utf-8")
+        fill(partial)
         os.replace(partial, path)
     except OSError as exc:
         raise FdlError(f"cannot write {path}: {exc}") from None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically."""
+    replace_atomically(path, lambda partial: partial.write_text(text, encoding="utf-8"))
+
+
+def copy_atomically(source: Path, destination: Path) -> bool:
+    """Replace ``destination`` with a copy of ``source`` (mode and times kept), atomically;
+    ``False`` when it already is one (same size and modification time, as ``copy2`` leaves)."""
+    try:
+        want, have = source.stat(), destination.stat()
+        if (want.st_size, want.st_mtime_ns) == (have.st_size, have.st_mtime_ns):
+            return False
+    except FileNotFoundError:
+        pass
+    replace_atomically(destination, lambda partial: shutil.copy2(source, partial))
+    return True
 
 
 def log_tail(path: Path, lines: int = 25) -> str:

@@ -8,12 +8,11 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from fdl_tasks.console import PrefixedLines
-from fdl_tasks.envelope import PerHostEnvelope, decode
-from fdl_tasks.errors import FdlError
+from fdl_tasks.envelope import PerHostEnvelope, read_published
+from fdl_tasks.errors import FdlError, Stopped
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.outcomes import Failure
-from fdl_tasks.pipeline import read_envelopes
 from fdl_tasks.remote import Fleet
 from fdl_tasks.rules import check_command, join_path
 from fdl_tasks.run import Run
@@ -133,8 +132,11 @@ def launch_all(
 def launch(run: Run, command: str, args: Sequence[str]) -> None:
     """``inv launch``: the envelope checked against cluster.yaml, then every remote worker."""
     remotes = run.remotes
-    text, source = read_envelopes(run)
-    envelopes = decode(text, source)
+    if not run.dry:  # a `prebuild --watch` cycle in flight publishes first
+        from fdl_tasks.watch import wait_for_watch
+
+        wait_for_watch(run.root, command, run.settings.launch_wait, run.report)
+    envelopes, source = read_published(run.root, command)
     problems = check_envelopes(envelopes, remotes, command, source)
     if problems:
         raise FdlError(
@@ -150,7 +152,7 @@ def launch(run: Run, command: str, args: Sequence[str]) -> None:
         try:
             failed = launch_all(fleet, run.cluster, envelopes, args)
         except KeyboardInterrupt:
-            raise FdlError(f"interrupted: {command} was stopped on every host") from None
+            raise Stopped(f"interrupted: {command} was stopped on every host") from None
     if failed:
         raise FdlError("launch failed on " + ", ".join(f"{h} ({why})" for h, why in failed.items()))
     run.report(f"launch: {command} finished on {len(remotes)} host(s)")

@@ -10,7 +10,7 @@ loader after structuring.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import attrs
 
@@ -48,6 +48,13 @@ Program = Annotated[str, "Program"]
 ServiceName = Annotated[str, "ServiceName"]
 #: flodl's host-RAM share for integrated GPUs: a finite, non-negative number.
 RamShare = Annotated[float, "RamShare"]
+#: An sccache-dist scheduler's URL: ``http://10.0.0.5:10600``, ``https://sccache.example.org``.
+SchedulerUrl = Annotated[str, "SchedulerUrl"]
+#: A file on the controller: an absolute path, or one starting with ``~/``.
+ControllerFile = Annotated[str, "ControllerFile"]
+
+#: How the controller runs builds (see :attr:`Controller.build_mode`).
+BuildMode = Literal["native", "docker", "compose"]
 
 #: The data path flodl uses when a host declares none.
 DEFAULT_DATA_PATH = "/flodl/data"
@@ -113,6 +120,16 @@ class CrossSetup:
 
 
 @attrs.frozen
+class DistSettings:
+    """Distributed compiles (``controller.dist``): sccache-dist's scheduler and the
+    client token, read at build time from a file or a variable (never from this file)."""
+
+    scheduler_url: SchedulerUrl
+    token_file: ControllerFile | None = None
+    token_env: EnvName | None = None
+
+
+@attrs.frozen
 class Controller:
     """The machine that builds; ``path`` is its view of the shared project root."""
 
@@ -121,10 +138,18 @@ class Controller:
     data_path: AbsPath | None = None
     docker: DockerSettings | ComposeService | None = None
     cross: Mapping[CpuArch, CrossSetup] = attrs.field(factory=dict)
+    dist: DistSettings | None = None
     # flodl's own keys: accepted and carried for the launcher, unused here.
     host: Any = None
     port: Any = None
     join: Any = None
+
+    @property
+    def build_mode(self) -> BuildMode:
+        """How builds run: ``native`` cargo, ``docker`` run, or docker ``compose`` run."""
+        if self.docker is None:
+            return "native"
+        return "compose" if isinstance(self.docker, ComposeService) else "docker"
 
 
 @attrs.frozen

@@ -2,29 +2,48 @@
 
 Tasks call these with a :class:`~fdl_tasks.run.Run`; each step reports
 progress through ``run.report`` and raises :class:`FdlError` with every
-problem of its step together.
+problem of its step together (:class:`~fdl_tasks.errors.Stopped` when the
+user stops it). Results are returned; the task writes the process
+environment.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fdl_tasks.builds import check_tools, run_builds
-from fdl_tasks.delivery import verify_delivery
-from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, encode
+import attrs
+
+from fdl_tasks import envelope
+from fdl_tasks.backends import Backend, backend_for
+from fdl_tasks.builder import JobResult
+from fdl_tasks.builds import run_builds
+from fdl_tasks.delivery import Delivery, verify_delivery
+from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.files import project_lock, write_atomically
+from fdl_tasks.files import project_lock
+from fdl_tasks.layout import LOCK_FILE
 from fdl_tasks.model import Worker
 from fdl_tasks.plan import BuildJob, plan_builds
 from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
 from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
-from fdl_tasks.rules import CLUSTER_TARGET, check_crate_dir
+from fdl_tasks.rules import check_crate_dir, libtorch_dir
 from fdl_tasks.run import Run
+
+
+@attrs.frozen(kw_only=True)
+class Published:
+    """What a successful prebuild published, and what it verified."""
+
+    command: str
+    entries: Mapping[str, PerHostEnvelope]
+    text: str
+    path: Path
+    results: tuple[JobResult, ...]
+    delivery: Delivery | None
 
 
 def report_preflight(run: Run, verdicts: Sequence[Verdict], as_json: bool) -> None:
@@ -38,14 +57,15 @@ def report_preflight(run: Run, verdicts: Sequence[Verdict], as_json: bool) -> No
         raise FdlError(f"preflight found errors on {', '.join(failed)}; nothing was built")
 
 
-def preflight(run: Run, abi: bool, as_json: bool) -> None:
+def preflight(run: Run, *, abi: bool, as_json: bool = False) -> None:
     """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``)."""
+    run.warn_unlisted_controller()
     if run.dry:
-        for line in dry_run_lines(run, abi):
+        for line in dry_run_lines(run, abi=abi):
             run.report(line)
         return
     with Fleet(run.remotes, run.settings, run.report) as fleet:
-        verdicts = run_preflight(run, fleet, abi)
+        verdicts = run_preflight(run, fleet, abi=abi)
     report_preflight(run, verdicts, as_json)
 
 
@@ -63,127 +83,165 @@ def resolve_crate_dir(run: Run, option: str | None, command: str) -> str:
     return relative
 
 
-def envelope_path(run: Run) -> Path:
-    return run.root / run.settings.envelope_file
+def cross_cpu_archs(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str]:
+    """Hosts whose CPU architecture (``cpu_arch``, else preflight's ``uname -m``) is not
+    the controller's: they get cross builds."""
+    native = local_build_environment().cpu_arch
+    seen = {v.host: v.facts.cpu_arch for v in verdicts if v.facts and v.facts.cpu_arch}
+    cpu_archs = {w.host: w.cpu_arch or seen.get(w.host) for w in run.remotes}
+    return {host: cpu for host, cpu in cpu_archs.items() if cpu and cpu != native}
 
 
-def host_machines(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str]:
-    """Hosts whose CPU architecture (``cpu_arch``, else preflight's ``uname -m``) is not the
-    controller's: they get cross builds."""
-    native = local_build_environment().machine
-    seen = {v.host: v.facts.uname_m for v in verdicts if v.facts and v.facts.uname_m}
-    machines = {w.host: w.cpu_arch or seen.get(w.host) for w in run.remotes}
-    return {host: m for host, m in machines.items() if m and m != native}
-
-
-def plan(run: Run, command: str, crate: str, machines: dict[str, str]) -> list[BuildJob]:
-    controller = run.cluster.controller
-    return plan_builds(
-        run.remotes,
-        controller.docker,
+def plan(
+    run: Run, workers: Sequence[Worker], command: str, crate: str, cpu_archs: Mapping[str, str]
+) -> list[BuildJob]:
+    """The builds, and every variant they link checked on the controller before any runs."""
+    jobs = plan_builds(
+        workers,
+        run.cluster.controller,
         command,
         crate,
         run.settings.shared_builds,
-        machines=machines,
-        cross=controller.cross,
+        cpu_archs=cpu_archs,
     )
+    missing = sorted(
+        {
+            f"{host} (arch {job.spec.arch}): {libtorch_dir(str(run.root), job.spec.arch)}/lib"
+            for job in jobs
+            for host in job.hosts
+            if not (run.root / "libtorch" / job.spec.arch / "lib").is_dir()
+        }
+    )
+    if missing:
+        raise FdlError(
+            "libtorch variant(s) not found on the controller (a typo in 'arch'?); nothing was "
+            "built: " + "; ".join(missing)
+        )
+    return jobs
 
 
-def prebuild(run: Run, command: str, crate: str) -> str | None:
-    """The whole pipeline; returns the published envelope text (``None`` under --dry).
+def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Published | None:
+    """The whole pipeline; what it published (``None`` under --dry).
 
     Builds are planned from the pinned CPU architectures so that the tool checks
     overlap the ssh probe, and planned again if preflight found others.
+    ``probe=False`` (a watch cycle) skips preflight; verification still runs.
     """
-    pinned = host_machines(run)
-    jobs = plan(run, command, crate, pinned)
+    pinned = cross_cpu_archs(run)
+    jobs = plan(run, run.remotes, command, crate, pinned)
+    backend = backend_for(run.cluster.controller)
+    run.warn_unlisted_controller()
     if run.dry:
         for line in dry_run_lines(run, abi=True):
             run.report(line)
-        run_builds(run, jobs)
+        run_builds(run, backend, jobs)
         return None
-    with Fleet(run.remotes, run.settings, run.report) as fleet, ThreadPoolExecutor(1) as side:
-        tools = side.submit(check_tools, run.cluster, jobs)  # local checks overlap the ssh probe
-        verdicts = run_preflight(run, fleet, True)
-        report_preflight(run, verdicts, False)
-        compose_argv = tools.result()
-        machines = host_machines(run, verdicts)
-        if machines != pinned:
-            jobs = plan(run, command, crate, machines)
-            compose_argv = check_tools(run.cluster, jobs)
-        with project_lock(run.root / CLUSTER_TARGET / "_prebuild.lock", run.report):
-            # Withdraw the previous envelope first: if this run fails, nothing
-            # may point a launcher at binaries that are now stale.
-            envelope_path(run).unlink(missing_ok=True)
-            os.environ.pop(ENV_PREBUILD_PER_HOST, None)
-            run_builds(run, jobs, compose_argv)
-            workers = {w.host: w for w in run.remotes}
-            envelopes = {
-                host: PerHostEnvelope.for_worker(
-                    workers[host], command, crate, job.spec.machine_suffix
-                )
-                for job in jobs
-                for host in job.hosts
-            }
-            if run.settings.verify:
-                built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
-                verify(run, fleet, envelopes, built)
-            return publish(run, envelopes)
+    with Fleet(run.remotes, run.settings, run.report) as fleet:
+        if probe:
+            with ThreadPoolExecutor(1) as side:
+                checked = side.submit(backend.check, jobs)  # overlaps the ssh probe
+                verdicts = run_preflight(run, fleet, abi=True)
+                report_preflight(run, verdicts, as_json=False)
+                checked.result()
+            cpu_archs = cross_cpu_archs(run, verdicts)
+            if cpu_archs != pinned:
+                jobs = plan(run, run.remotes, command, crate, cpu_archs)
+                backend.check(jobs)
+        else:
+            backend.check(jobs)
+        return build_and_publish(run, fleet, backend, jobs)
+
+
+def build_and_publish(run: Run, fleet: Fleet, backend: Backend, jobs: list[BuildJob]) -> Published:
+    """Under the project lock: withdraw the command's envelope, build, verify, publish."""
+    command, crate = jobs[0].spec.command, jobs[0].spec.crate_dir
+    with project_lock(run.root / LOCK_FILE, run.report):
+        # Withdraw first: if this run fails, nothing may point a launcher at
+        # binaries that are now stale.
+        envelope.withdraw(run.root, command)
+        results = run_builds(run, backend, jobs)
+        workers = {w.host: w for w in run.remotes}
+        envelopes = {
+            host: PerHostEnvelope.for_worker(workers[host], command, crate, job.spec.cpu_arch)
+            for job in jobs
+            for host in job.hosts
+        }
+        delivery = None
+        if run.settings.verify:
+            built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
+            delivery = verify(run, fleet, envelopes, built)
+        text = envelope.publish(run.root, command, envelopes)
+    path = envelope.published_path(run.root, command)
+    run.report(f"{run.task}: envelope of {command} for {len(envelopes)} host(s) written to {path}")
+    return Published(
+        command=command,
+        entries=envelopes,
+        text=text,
+        path=path,
+        results=tuple(results),
+        delivery=delivery,
+    )
 
 
 def verify(
     run: Run, fleet: Fleet, envelopes: dict[str, PerHostEnvelope], built: dict[str, Path]
-) -> None:
-    problems = verify_delivery(fleet, envelopes, built, run.settings, run.report)
-    if problems:
+) -> Delivery:
+    """Every reachable host must run its binary; an unreachable one is a warning unless
+    ``fdl.require_verified``."""
+    delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
+    if delivery.problems:
         raise FdlError(
             "delivery verification failed; no envelope was published.\n"
-            + "\n".join(f"  {p}" for p in problems)
+            + "\n".join(f"  {p}" for p in delivery.problems)
         )
-    run.report(f"verify: {len(envelopes)} host(s) see the same bytes, every library resolves")
-
-
-def publish(run: Run, envelopes: dict[str, PerHostEnvelope]) -> str:
-    """Own process environment (for composed tasks and launchers), then the file."""
-    text = encode(envelopes)
-    path = envelope_path(run)
-    write_atomically(path, text + "\n")
-    os.environ[ENV_PREBUILD_PER_HOST] = text
-    run.report(
-        f"prebuild: envelope for {len(envelopes)} host(s) written to {path} and "
-        f"${ENV_PREBUILD_PER_HOST}"
-    )
-    return text
-
-
-def build_one(run: Run, worker: Worker, command: str, crate: str) -> PerHostEnvelope:
-    """``build-host``: one host's build, its envelope entry on success."""
-    machine = host_machines(run).get(worker.host)
-    controller = run.cluster.controller
-    jobs = plan_builds(
-        [worker],
-        controller.docker,
-        command,
-        crate,
-        shared=False,
-        machines={worker.host: machine} if machine else None,
-        cross=controller.cross,
-    )
-    run_builds(run, jobs)
-    return PerHostEnvelope.for_worker(worker, command, crate, machine)
-
-
-def read_envelopes(run: Run) -> tuple[str, str]:
-    """The envelope text and where it came from: the environment, else prebuild's file."""
-    text = os.environ.get(ENV_PREBUILD_PER_HOST)
-    if text:
-        return text, f"${ENV_PREBUILD_PER_HOST}"
-    path = envelope_path(run)
-    try:
-        return path.read_text(encoding="utf-8"), str(path)
-    except FileNotFoundError:
+    run.report(f"verify: {delivery.summary()}")
+    if delivery.unverified and run.settings.require_verified:
         raise FdlError(
-            f"no envelope: neither ${ENV_PREBUILD_PER_HOST} nor {path} exists; run prebuild first"
-        ) from None
-    except OSError as exc:
-        raise FdlError(f"cannot read the envelope {path}: {exc}") from None
+            f"{len(delivery.unverified)} host(s) not verified and fdl.require_verified is on; "
+            "no envelope was published: "
+            + "; ".join(f"{h} ({why})" for h, why in sorted(delivery.unverified.items()))
+        )
+    return delivery
+
+
+def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published | None:
+    """``build-host``: one host's build, verified and published into the command's envelope.
+
+    The host's entry replaces its old one in the command's published envelope
+    (the other hosts' entries still match their binaries); without a published
+    envelope, the new one holds this host alone.
+    """
+    cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}
+    jobs = plan(run, [worker], command, crate, cpu_archs)
+    jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
+    backend = backend_for(run.cluster.controller)
+    if run.dry:
+        run_builds(run, backend, jobs)
+        return None
+    backend.check(jobs)
+    try:
+        published, _ = envelope.read_published(run.root, command)
+    except FdlError:
+        published = {}
+    with (
+        Fleet([worker], run.settings, run.report) as fleet,
+        project_lock(run.root / LOCK_FILE, run.report),
+    ):
+        envelope.withdraw(run.root, command)
+        results = run_builds(run, backend, jobs)
+        entry = PerHostEnvelope.for_worker(worker, command, crate, jobs[0].spec.cpu_arch)
+        delivery = None
+        if run.settings.verify:
+            built = {worker.host: run.root / jobs[0].built_binary}
+            delivery = verify(run, fleet, {worker.host: entry}, built)
+        current = {w.host for w in run.remotes}
+        merged = {h: e for h, e in published.items() if h in current} | {worker.host: entry}
+        text = envelope.publish(run.root, command, merged)
+    return Published(
+        command=command,
+        entries=merged,
+        text=text,
+        path=envelope.published_path(run.root, command),
+        results=tuple(results),
+        delivery=delivery,
+    )

@@ -2,42 +2,43 @@
 
 Pure logic. A :class:`BuildJob` is one cargo invocation; with shared builds,
 hosts whose builds would be identical share a job, and each still gets its
-binary at its own ``target/cluster/<host>/<arch-slug>/release/<cmd>``.
+binary at its own ``target/cluster/<host>/<arch-slug>/release/<cmd>``
+(:mod:`fdl_tasks.layout` names every path).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 
 import attrs
 
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Arch, ComposeService, CrossSetup, DockerSettings, Worker
+from fdl_tasks.layout import BuildKey, built_binary, host_binary, host_dir, log_file, shared_dir
+from fdl_tasks.model import (
+    Arch,
+    BuildMode,
+    ComposeService,
+    Controller,
+    CrossSetup,
+    DockerSettings,
+    Worker,
+)
 from fdl_tasks.rules import (
-    CLUSTER_TARGET,
     CUDA_TAG_FIELD,
     CUDA_VERSION_FIELD,
     GNU_TARGETS,
-    PROFILE_DIR,
     Cuda,
     arch_cuda,
-    binary_path,
-    build_slug,
     cargo_features,
     require_arch,
-    target_dir,
 )
-
-#: Shared build trees live here; host labels cannot start with ``_``.
-SHARED_DIR = f"{CLUSTER_TARGET}/_shared"
 
 
 @attrs.frozen
 class CrossBuild:
     """A build for hosts of another CPU architecture than the controller's."""
 
-    machine: str
+    cpu_arch: str
     target: str
     linker: str
     service: str | None = None  # compose mode: the service that cross-builds
@@ -55,11 +56,27 @@ class BuildSpec:
     crate_dir: str
     command: str
     cross: CrossBuild | None = None
+    mode: BuildMode = "docker"
+    service: str | None = None  # compose mode: the service that builds
 
     @property
-    def machine_suffix(self) -> str | None:
-        """The CPU architecture in directory names, for cross builds only."""
-        return self.cross.machine if self.cross else None
+    def cpu_arch(self) -> str | None:
+        """The CPU architecture built for, when it is not the controller's."""
+        return self.cross.cpu_arch if self.cross else None
+
+    @property
+    def key(self) -> BuildKey:
+        """What the target dir depends on: everything here but the command and the crate."""
+        cross = self.cross
+        return BuildKey(
+            mode=self.mode,
+            arch=self.arch,
+            features=self.features,
+            environment=self.image or self.service or "",
+            cpu_arch=cross.cpu_arch if cross else None,
+            rust_target=cross.target if cross else None,
+            linker=cross.linker if cross else None,
+        )
 
 
 @attrs.frozen
@@ -74,15 +91,15 @@ class BuildJob:
     @property
     def built_binary(self) -> str:
         """Where cargo leaves the binary, relative to the project root."""
-        target = f"{self.spec.cross.target}/" if self.spec.cross else ""
-        return f"{self.target_dir}/{target}{PROFILE_DIR}/{self.spec.command}"
+        cross = self.spec.cross
+        return built_binary(self.target_dir, self.spec.command, cross.target if cross else None)
 
     def host_binary(self, host: str) -> str:
-        return binary_path(host, self.spec.arch, self.spec.command, self.spec.machine_suffix)
+        return host_binary(host, self.spec.arch, self.spec.command, self.spec.cpu_arch)
 
     @property
     def log_file(self) -> str:
-        return f"{self.target_dir}/build.log"
+        return log_file(self.target_dir, self.spec.command)
 
 
 def resolve_image(docker: DockerSettings, arch: Arch) -> str:
@@ -103,38 +120,43 @@ def resolve_image(docker: DockerSettings, arch: Arch) -> str:
 
 
 def cross_build(
-    machine: str, setup: CrossSetup, docker: DockerSettings | ComposeService | None
+    cpu_arch: str, setup: CrossSetup, docker: DockerSettings | ComposeService | None
 ) -> CrossBuild:
-    """The cross build for ``machine``: the setup's values, else the GNU defaults."""
-    target, linker = GNU_TARGETS.get(machine, ("", ""))
+    """The cross build for ``cpu_arch``: the setup's values, else the GNU defaults."""
+    target, linker = GNU_TARGETS.get(cpu_arch, ("", ""))
     service = (setup.service or docker.service) if isinstance(docker, ComposeService) else None
     env = tuple(setup.env.items()) if setup.env is not None else None
     return CrossBuild(
-        machine, setup.target or target, setup.linker or linker, service, setup.run_args, env
+        cpu_arch, setup.target or target, setup.linker or linker, service, setup.run_args, env
     )
 
 
 def build_spec(
     worker: Worker,
-    docker: DockerSettings | ComposeService | None,
+    controller: Controller,
     command: str,
     crate_dir: str,
-    cross: tuple[str, CrossSetup] | None = None,
+    cross_setup: tuple[str, CrossSetup] | None = None,
 ) -> BuildSpec:
-    """``cross``: the host's CPU architecture and its setup, when it is not the controller's."""
-    arch = require_arch(worker)
-    image = None
+    """``cross_setup``: the host's CPU architecture and its setup, when not the controller's."""
+    arch, docker = require_arch(worker), controller.docker
+    image = service = None
     if isinstance(docker, DockerSettings):
-        chosen = cross[1].image if cross and cross[1].image else docker.image
+        chosen = cross_setup[1].image if cross_setup and cross_setup[1].image else docker.image
         image = resolve_image(attrs.evolve(docker, image=chosen), arch)
-    build = cross_build(cross[0], cross[1], docker) if cross else None
-    return BuildSpec(arch, cargo_features(arch), image, crate_dir, command, build)
-
-
-def _shared_name(spec: BuildSpec) -> str:
-    identity = attrs.astuple(spec)[:-1] if spec.cross is None else attrs.astuple(spec)
-    digest = hashlib.sha256(repr(identity).encode()).hexdigest()[:10]
-    return f"_shared/{build_slug(spec.arch, spec.machine_suffix)}-{digest}"
+    cross = cross_build(*cross_setup, docker) if cross_setup else None
+    if isinstance(docker, ComposeService):
+        service = cross.service if cross and cross.service else docker.service
+    return BuildSpec(
+        arch,
+        cargo_features(arch),
+        image,
+        crate_dir,
+        command,
+        cross,
+        mode=controller.build_mode,
+        service=service,
+    )
 
 
 def _one_cpu_per_arch(specs: Mapping[str, BuildSpec]) -> None:
@@ -142,7 +164,7 @@ def _one_cpu_per_arch(specs: Mapping[str, BuildSpec]) -> None:
     hosts of two CPU architectures cannot share an arch name."""
     seen: dict[str, tuple[str, str]] = {}
     for host, spec in specs.items():
-        machine = spec.cross.machine if spec.cross else "the controller's"
+        machine = spec.cpu_arch or "the controller's"
         other = seen.setdefault(spec.arch, (host, machine))
         if other[1] != machine:
             raise FdlError(
@@ -155,35 +177,59 @@ def _one_cpu_per_arch(specs: Mapping[str, BuildSpec]) -> None:
 
 def plan_builds(
     workers: Iterable[Worker],
-    docker: DockerSettings | ComposeService | None,
+    controller: Controller,
     command: str,
     crate_dir: str,
     shared: bool,
     *,
-    machines: Mapping[str, str] | None = None,
-    cross: Mapping[str, CrossSetup] | None = None,
+    cpu_archs: Mapping[str, str] | None = None,
 ) -> list[BuildJob]:
-    """One job per distinct build when ``shared``, else one per host.
+    """One job per distinct build environment when ``shared``, else one per host.
 
-    ``machines`` names the hosts whose CPU architecture is not the controller's;
-    each needs its ``cross`` setup.
+    ``cpu_archs`` names the hosts whose CPU architecture is not the
+    controller's; each needs its ``controller.cross`` setup.
     """
     setups = {}
-    for host, machine in (machines or {}).items():
-        if machine not in (cross or {}):
-            raise FdlError(f"host {host!r} is {machine}, but controller.cross has no entry for it")
-        setups[host] = (machine, (cross or {})[machine])
-    specs = {w.host: build_spec(w, docker, command, crate_dir, setups.get(w.host)) for w in workers}
+    for host, cpu_arch in (cpu_archs or {}).items():
+        if cpu_arch not in controller.cross:
+            raise FdlError(f"host {host!r} is {cpu_arch}, but controller.cross has no entry for it")
+        setups[host] = (cpu_arch, controller.cross[cpu_arch])
+    specs = {
+        w.host: build_spec(w, controller, command, crate_dir, setups.get(w.host)) for w in workers
+    }
     _one_cpu_per_arch(specs)
     if not shared:
         return [
-            BuildJob(host, spec, (host,), target_dir(host, spec.arch, spec.machine_suffix))
+            BuildJob(host, spec, (host,), host_dir(host, spec.arch, spec.cpu_arch))
             for host, spec in specs.items()
         ]
     groups: dict[BuildSpec, list[str]] = {}
     for host, spec in specs.items():
         groups.setdefault(spec, []).append(host)
-    return [
-        BuildJob(_shared_name(spec), spec, tuple(hosts), f"{CLUSTER_TARGET}/{_shared_name(spec)}")
-        for spec, hosts in groups.items()
-    ]
+    jobs = []
+    for spec, hosts in groups.items():
+        directory = shared_dir(spec.key)
+        jobs.append(BuildJob(directory.rsplit("/", 1)[1], spec, tuple(hosts), directory))
+    return jobs
+
+
+def live_target_dirs(workers: Iterable[Worker], controller: Controller) -> set[str]:
+    """Every target dir a prebuild of these workers may use, in either mode, for any
+    command: each host's own dir and its build environment's shared dir, for the
+    controller's CPU and for each cross setup a host may need (a host's CPU is only
+    known after a probe, unless ``cpu_arch`` pins it)."""
+    live = set()
+    for worker in workers:
+        if worker.arch is None:
+            continue
+        candidates: list[tuple[str, CrossSetup] | None] = [None]
+        candidates += [(cpu, setup) for cpu, setup in controller.cross.items()]
+        if worker.cpu_arch:
+            candidates = [c for c in candidates if c is None or c[0] == worker.cpu_arch]
+        for candidate in candidates:
+            try:
+                spec = build_spec(worker, controller, "-", "", candidate)
+            except FdlError:  # an image that needs a CUDA version: no build, no dir
+                continue
+            live |= {host_dir(worker.host, spec.arch, spec.cpu_arch), shared_dir(spec.key)}
+    return live

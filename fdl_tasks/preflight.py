@@ -85,7 +85,7 @@ def probe_remotes(
     return verdicts
 
 
-def dry_run_lines(run: Run, abi: bool) -> list[str]:
+def dry_run_lines(run: Run, *, abi: bool) -> list[str]:
     """What preflight would run, for ``inv --dry``: one line per host."""
 
     def one_line(host: Worker | Controller) -> str:
@@ -100,7 +100,7 @@ def dry_run_lines(run: Run, abi: bool) -> list[str]:
     return lines
 
 
-def run_preflight(run: Run, fleet: Fleet, abi: bool) -> list[Verdict]:
+def run_preflight(run: Run, fleet: Fleet, *, abi: bool) -> list[Verdict]:
     """Every host's verdict: the controller first, then remotes in cluster.yaml order."""
     remotes = run.remotes
     run.report(

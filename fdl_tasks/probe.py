@@ -22,6 +22,18 @@ DataState = Literal["ok", "missing", "unreadable"]
 
 BEGIN, END = "--fdl-probe-begin--", "--fdl-probe-end--"
 _GLIBC = re.compile(r"(?:glibc|gnu libc)[^\n]*?(\d+)\.(\d+)", re.IGNORECASE)
+#: Shell lines answering the host's CPU architecture (``cpu_arch=``) and libc (``libc=``),
+#: asked by the probe and by delivery verification alike.
+HOST_FACT_LINES = (
+    "printf 'cpu_arch=%s\\n' \"$(uname -m 2>/dev/null)\"",
+    "printf 'libc=%s\\n' \"$(ldd --version 2>&1 | head -n 2 | tr '\\n' ' ')\"",
+)
+
+
+def glibc_version(libc: str | None) -> tuple[int, int] | None:
+    """``ldd --version``'s first lines → glibc's (major, minor); ``None`` for another libc."""
+    match = _GLIBC.search(libc or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 @attrs.frozen
@@ -47,8 +59,7 @@ class ProbeRequest:
         ]
         if self.abi:
             lines += [
-                "printf 'uname_m=%s\\n' \"$(uname -m 2>/dev/null)\"",
-                "printf 'libc=%s\\n' \"$(ldd --version 2>&1 | head -n 2 | tr '\\n' ' ')\"",
+                *HOST_FACT_LINES,
                 "if command -v pkill >/dev/null 2>&1; then echo pkill=yes; else echo pkill=no; fi",
             ]
         lines += [f"echo {END}", "exit 0"]
@@ -60,7 +71,7 @@ class ProbeFacts:
     """What a host answered; ``None`` where it answered nothing usable."""
 
     data: DataState | None
-    uname_m: str | None = None
+    cpu_arch: str | None = None
     libc: str | None = None
     pkill: bool | None = None
 
@@ -70,8 +81,7 @@ class ProbeFacts:
 
     @property
     def glibc(self) -> tuple[int, int] | None:
-        match = _GLIBC.search(self.libc or "")
-        return (int(match.group(1)), int(match.group(2))) if match else None
+        return glibc_version(self.libc)
 
 
 @attrs.frozen
@@ -108,7 +118,7 @@ def parse_facts(stdout: str) -> ProbeFacts | None:
     data, pkill = answers.get("data"), answers.get("pkill")
     return ProbeFacts(
         data=data if data in ("ok", "missing", "unreadable") else None,  # type: ignore[arg-type]
-        uname_m=answers.get("uname_m") or None,
+        cpu_arch=answers.get("cpu_arch") or None,
         libc=answers.get("libc") or None,
         pkill=None if pkill is None else pkill == "yes",
     )
@@ -121,7 +131,7 @@ class BuildEnvironment:
     ``cross`` holds the CPU architectures the controller can also build for.
     """
 
-    machine: str
+    cpu_arch: str
     glibc: tuple[int, int] | None
     cross: frozenset[str] = frozenset()
 
@@ -148,7 +158,7 @@ class Verdict:
             "warnings": list(self.warnings),
             "data_path": self.data_path,
             "data": facts.data if facts else None,
-            "arch": facts.uname_m if facts else None,
+            "cpu_arch": facts.cpu_arch if facts else None,
             "libc": facts.libc if facts else None,
             "pkill": facts.pkill if facts else None,
         }
@@ -192,16 +202,16 @@ def _abi_gate(
     errors: list[str],
     warnings: list[str],
 ) -> None:
-    machine = pinned or facts.uname_m
-    if pinned and facts.uname_m and pinned != facts.uname_m:
-        errors.append(f"cpu_arch pins {pinned}, but 'uname -m' says {facts.uname_m}")
-    elif machine is None:
+    cpu_arch = pinned or facts.cpu_arch
+    if pinned and facts.cpu_arch and pinned != facts.cpu_arch:
+        errors.append(f"cpu_arch pins {pinned}, but 'uname -m' says {facts.cpu_arch}")
+    elif cpu_arch is None:
         warnings.append("'uname -m' gave no answer: CPU architecture not checked")
-    elif machine != build.machine and machine not in build.cross:
+    elif cpu_arch != build.cpu_arch and cpu_arch not in build.cross:
         errors.append(
-            f"CPU architecture {machine} differs from the build environment's "
-            f"{build.machine} and controller.cross has no entry for {machine}: add "
-            f"'cross: {{{machine}: {{}}}}' under controller (with an 'image:' or "
+            f"CPU architecture {cpu_arch} differs from the build environment's "
+            f"{build.cpu_arch} and controller.cross has no entry for {cpu_arch}: add "
+            f"'cross: {{{cpu_arch}: {{}}}}' under controller (with an 'image:' or "
             "'service:' that can cross-build, in Docker) to build it its own binary"
         )
     if facts.musl:

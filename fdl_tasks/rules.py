@@ -1,4 +1,4 @@
-"""Pure naming rules: arch → slug, features and CUDA version; target dirs; the controller.
+"""Pure rules: an arch's features and CUDA version, cross targets, names, the controller.
 
 No I/O here; everything is a function of the cluster model and its inputs.
 """
@@ -12,14 +12,10 @@ import attrs
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Arch, Cluster, Worker
 
-#: Where every per-host build tree lives, relative to the project root.
-CLUSTER_TARGET = "target/cluster"
 #: The image template fields an arch's CUDA version fills in.
 CUDA_VERSION_FIELD, CUDA_TAG_FIELD = "{cuda_version}", "{cuda_tag}"
 #: Environment variable that names the controller's host label.
 HOST_NAME_ENV = "FLODL_HOST_NAME"
-#: cargo builds release binaries into this subdirectory of the target dir.
-PROFILE_DIR = "release"
 
 _SSH_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)(?:[ \t]*=[ \t]*|[ \t]+(?!=))(\S.*)")
 _CUDA = re.compile(r"cu(\d+)(\d)(?![0-9])")
@@ -36,11 +32,6 @@ def split_ssh_option(option: str) -> tuple[str, str] | None:
     """
     match = _SSH_OPTION.fullmatch(option)
     return (match.group(1).lower(), match.group(2)) if match else None
-
-
-def arch_slug(arch: Arch) -> str:
-    """``precompiled/cu128`` → ``precompiled-cu128``: one path segment per arch."""
-    return arch.replace("/", "-")
 
 
 def cargo_features(arch: Arch) -> tuple[str, ...]:
@@ -137,26 +128,6 @@ def require_arch(worker: Worker) -> Arch:
             "precompiled/cpu"
         )
     return worker.arch
-
-
-def build_slug(arch: Arch, cross: str | None = None) -> str:
-    """The arch's slug, with the CPU architecture appended for a cross build."""
-    return f"{arch_slug(arch)}-{cross}" if cross else arch_slug(arch)
-
-
-def target_dir(host: str, arch: Arch, cross: str | None = None) -> str:
-    """``target/cluster/<host>/<arch-slug>[-<cpu arch>]``: keyed by host, arch and CPU.
-
-    Docker mounts every variant at the same container path, so cargo's own
-    fingerprint cannot see an arch swap; a new arch must mean a new directory.
-    ``cross`` is the host's CPU architecture when it is not the controller's.
-    """
-    return f"{CLUSTER_TARGET}/{host}/{build_slug(arch, cross)}"
-
-
-def binary_path(host: str, arch: Arch, command: str, cross: str | None = None) -> str:
-    """The binary relative to the project root (and to every worker's ``path``)."""
-    return f"{target_dir(host, arch, cross)}/{PROFILE_DIR}/{command}"
 
 
 def libtorch_dir(root: str, arch: Arch) -> str:

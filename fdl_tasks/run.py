@@ -35,15 +35,34 @@ class Run:
     controller: str
     settings: Settings
     report: Report = report_to_stderr
+    #: What progress lines start with: the task's name.
+    task: str = "prebuild"
+    #: The controller's label is this machine's hostname (no option, setting or variable).
+    by_hostname: bool = False
 
     @classmethod
-    def start(cls, c: Context, **options: Any) -> Run:
+    def start(cls, c: Context, *, label: str = "prebuild", **options: Any) -> Run:
         """Settings from ``c.config.fdl`` and the task's options, then the cluster file."""
         settings = Settings.from_config(c.config.get("fdl", {}), **options)
-        label = controller_label(
-            settings.controller_host, os.environ.get(HOST_NAME_ENV), socket.gethostname()
+        from_environment = os.environ.get(HOST_NAME_ENV)
+        controller = controller_label(
+            settings.controller_host, from_environment, socket.gethostname()
         )
-        return cls(c, load_cluster(settings.cluster_file), label, settings)
+        named = settings.controller_host or from_environment
+        cluster = load_cluster(settings.cluster_file)
+        return cls(c, cluster, controller, settings, task=label, by_hostname=not named)
+
+    def warn_unlisted_controller(self) -> None:
+        """Said once, before any host is contacted: when only the hostname names the
+        controller and no host of the cluster file carries it, every worker is remote,
+        the controller's own entry included, which is rarely what was meant."""
+        if self.by_hostname and all(w.host != self.controller for w in self.cluster.workers):
+            self.report(
+                f"{self.task}: warning: this machine's hostname {self.controller!r} names no "
+                f"host of {self.settings.cluster_file}, so every worker is treated as remote; "
+                f"if one of them is this machine, name it with --controller-host, "
+                f"${HOST_NAME_ENV} or fdl.controller_host"
+            )
 
     @property
     def dry(self) -> bool:

@@ -28,8 +28,8 @@ Seconds = Annotated[float, "Seconds"]
 Count = Annotated[int, "Count"]
 #: A switch: a boolean, or 1/0, true/false, yes/no as text (Invoke's casting).
 Switch = Annotated[bool, "Switch"]
-#: sccache's size bound: a number with an optional K, M, G or T.
-CacheSize = Annotated[str, "CacheSize"]
+#: A size as sccache writes it: a number with an optional K, M, G or T (powers of 1024).
+Size = Annotated[str, "Size"]
 _SWITCH_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -65,16 +65,22 @@ def check_switch(value: object) -> Switch:
     raise InvalidValue(f"must be bool (true or false, yes or no, 1 or 0), got {quote(value)}")
 
 
-def check_cache_size(value: object) -> CacheSize:
+def check_cache_size(value: object) -> Size:
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
     if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
         raise InvalidValue(f"must be a size such as '10G' or '500M', got {quote(value)}")
     return text
 
 
+def size_bytes(size: Size) -> int:
+    """``10G`` → bytes (a checked :data:`Size`)."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(size[-1], 1)
+    return int(size.rstrip("KMGT")) * scale
+
+
 register_checks(
     CONVERTER,
-    {Seconds: check_seconds, Count: check_count, Switch: check_switch, CacheSize: check_cache_size},
+    {Seconds: check_seconds, Count: check_count, Switch: check_switch, Size: check_cache_size},
 )
 
 
@@ -85,6 +91,7 @@ class Settings:
     cluster_file: str = "cluster.yaml"
     controller_host: str = ""
     known_hosts: str = "~/.ssh/known_hosts"
+    global_known_hosts: str = "/etc/ssh/ssh_known_hosts"
     ssh_config: str = "~/.ssh/config"
     system_ssh_config: str = "/etc/ssh/ssh_config"
     connect_timeout: Seconds = 5.0
@@ -97,10 +104,14 @@ class Settings:
     verify: Switch = True
     compile_cache: Switch = True
     compile_cache_dir: str = "~/.cache/fdl-tasks/sccache"
-    compile_cache_size: CacheSize = "10G"
+    compile_cache_size: Size = "10G"
     verify_retries: Count = 3
     verify_retry_delay: Seconds = 1.0
-    envelope_file: str = "target/cluster/_envelope.json"
+    require_verified: Switch = False
+    stale_warning_size: Size = "1G"
+    watch_debounce: Seconds = 0.3
+    watch_polling: Switch = False
+    launch_wait: Seconds = 1800.0
 
     @classmethod
     def from_config(cls, fdl: Mapping[str, Any], **options: Any) -> Settings:

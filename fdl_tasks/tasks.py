@@ -2,24 +2,31 @@
 
 Progress and diagnostics go to stderr; stdout carries only what ``--json``
 (or ``launch``'s program output) asks for. Every :class:`FdlError` becomes
-one paragraph and exit code 1.
+one paragraph and exit code 1; a stop by the user (Ctrl-C, SIGTERM) exit
+code 130. Short flags are chosen, not automatic: one long option has the
+same short flag in every task (:data:`SHORT_FLAGS`), or none.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from invoke.collection import Collection
 from invoke.context import Context
-from invoke.exceptions import Exit
-from invoke.tasks import task
+from invoke.exceptions import Exit, ParseError
+from invoke.parser import Argument
+from invoke.tasks import Task, task
 
 from fdl_tasks import pipeline
-from fdl_tasks.envelope import encode
-from fdl_tasks.errors import FdlError
+from fdl_tasks.binaries import check_binary
+from fdl_tasks.clean import clean_target_tree, stale_warning
+from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, encode
+from fdl_tasks.errors import FdlError, Stopped
 from fdl_tasks.launch import launch as launch_on_workers
 from fdl_tasks.rules import check_command
 from fdl_tasks.run import Run
@@ -27,15 +34,60 @@ from fdl_tasks.settings import DEFAULTS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The only short flags: the same letter means the same option in every task.
+SHORT_FLAGS = {"cmd": "c", "cluster-file": "f", "jobs": "j", "timeout": "t", "watch": "w"}
+
 HELP = {
-    "cluster-file": "cluster.yaml to read (default: fdl.cluster_file, 'cluster.yaml')",
+    "cluster-file": "the cluster file to read (default: fdl.cluster_file, 'cluster.yaml')",
     "controller-host": "this machine's host label (default: $FLODL_HOST_NAME, else hostname)",
     "json": "print a machine-readable result on stdout",
-    "cmd": "the command to build (cargo --bin name)",
+    "cmd": "the command to build (cargo --bin name); required",
     "crate-dir": "crate directory relative to controller.path (default: <cmd>/ if it holds "
     "a Cargo.toml, else the project root)",
     "no-cache": "build without the compile cache (sccache), every build from scratch",
 }
+
+
+class CheckedArgument(Argument):  # type: ignore[misc]
+    """An option whose value Invoke casts (``--jobs abc``): a usage error, never a traceback."""
+
+    def set_value(self, value: Any, cast: bool = True) -> None:
+        try:
+            super().set_value(value, cast)
+        except ValueError:
+            raise ParseError(f"--{self.name} expects a whole number, got {str(value)!r}") from None
+
+
+class FdlTask(Task[Any]):
+    """A task whose options all take flags (``--cmd X``, never a bare positional, so
+    ``inv prebuild --help`` is help) and whose short flags come from :data:`SHORT_FLAGS`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(positional=[], auto_shortflags=False)
+        super().__init__(*args, **kwargs)
+
+    def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
+        opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
+        short = SHORT_FLAGS.get(opts["names"][0])
+        if short:
+            opts["names"].append(short)
+        return opts
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        arguments: list[Argument] = super().get_arguments(ignore_unknown_help)
+        for argument in arguments:
+            argument.__class__ = CheckedArgument
+        return arguments
+
+
+def fdl_task(**options: Any) -> Callable[[F], FdlTask]:
+    """``@task`` with :class:`FdlTask`, and :class:`FdlError` / stops turned into exits."""
+
+    def decorate(body: F) -> FdlTask:
+        made: FdlTask = task(klass=FdlTask, **options)(user_errors(body))
+        return made
+
+    return decorate
 
 
 def off(flag: bool) -> bool | None:
@@ -43,22 +95,36 @@ def off(flag: bool) -> bool | None:
     return False if flag else None
 
 
+def _cluster_file_name(c: Context, option: str | None) -> str:
+    configured = option or c.config.get("fdl", {}).get("cluster_file") or "cluster.yaml"
+    return Path(str(configured)).name
+
+
 def user_errors(body: F) -> F:
-    """Turn :class:`FdlError` into a clean message and exit 1, never a traceback."""
+    """Turn :class:`FdlError` into a clean message and exit 1, a stop into exit 130."""
 
     @functools.wraps(body)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(c: Context, *args: Any, **kwargs: Any) -> Any:
         try:
-            return body(*args, **kwargs)
+            return body(c, *args, **kwargs)
         except FdlError as exc:
-            raise Exit(f"fdl: {exc}", code=1) from None
+            name = _cluster_file_name(c, kwargs.get("cluster_file"))
+            raise Exit(f"fdl: {str(exc).replace('cluster.yaml', name)}", code=1) from None
+        except Stopped as exc:
+            raise Exit(f"fdl: {exc}", code=130) from None
         except KeyboardInterrupt:
             raise Exit("fdl: interrupted", code=130) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-@task(
+def require_command(cmd: str | None) -> str:
+    if not cmd:
+        raise FdlError("--cmd is required: the command (cargo --bin name) to build or run")
+    return check_command(cmd)
+
+
+@fdl_task(
     help={
         "cluster-file": HELP["cluster-file"],
         "controller-host": HELP["controller-host"],
@@ -66,7 +132,6 @@ def user_errors(body: F) -> F:
         "no-prebuild": "check only the data paths, not the ABI gate (no binary will ship)",
     }
 )
-@user_errors
 def preflight(
     c: Context,
     cluster_file: str | None = None,
@@ -79,75 +144,104 @@ def preflight(
     pipeline.preflight(run, abi=not no_prebuild, as_json=json)
 
 
-@task(help={**HELP, "host": "the worker's host label in cluster.yaml"})
-@user_errors
+@fdl_task(
+    help={
+        **HELP,
+        "host": "the worker's host label in the cluster file; required",
+        "json": "print the host's envelope entry on stdout",
+    }
+)
 def build_host(
     c: Context,
-    host: str,
-    cmd: str,
+    host: str | None = None,
+    cmd: str | None = None,
     crate_dir: str | None = None,
     cluster_file: str | None = None,
     controller_host: str | None = None,
     no_cache: bool = False,
     json: bool = False,
 ) -> None:
-    """Build one host's binary against its own libtorch; print its envelope entry."""
+    """Build one host's binary against its own libtorch, verify it, update its envelope entry."""
+    if not host:
+        raise FdlError("--host is required: the label of the worker to build for")
+    command = require_command(cmd)
     options = {"cluster_file": cluster_file, "controller_host": controller_host}
-    run = Run.start(c, **options, compile_cache=off(no_cache))
+    run = Run.start(c, **options, compile_cache=off(no_cache), label="build-host")
     worker = run.cluster.worker(host)
     if worker.host == run.controller:
         raise FdlError(f"{host!r} is the controller: its build is the normal local build")
-    command = check_command(cmd)
     crate = pipeline.resolve_crate_dir(run, crate_dir, command)
-    entry = pipeline.build_one(run, worker, command, crate)
-    if json and not run.dry:
-        print(encode({host: entry}))
+    check_binary(command, run.root / crate)
+    published = pipeline.build_one(run, worker, command, crate)
+    if published is None:
+        return
+    os.environ[ENV_PREBUILD_PER_HOST] = published.text
+    entry = encode({host: published.entries[host]})
+    run.report(f"build-host: envelope entry {entry}")
+    if json:
+        print(entry)
 
 
-@task(
+@fdl_task(
     help={
         **HELP,
         "jobs": "how many builds may run at once (default: fdl.build_jobs, else one per core)",
         "no-prebuild": "run only the data-path preflight; build and publish nothing",
         "per-host": "one build per host even where builds are identical (full isolation)",
         "no-verify": "skip delivery verification (hash, libraries, glibc) on the hosts",
-        "timeout": "seconds one build may take (default: fdl.build_timeout)",
+        "require-verified": "fail when a host cannot be asked to verify its copy "
+        "(default: fdl.require_verified, off: an unreachable host is a warning)",
+        "timeout": "seconds one build may take (default: fdl.build_timeout, 3600)",
+        "watch": "after the prebuild, rebuild and republish whenever a source changes",
     }
 )
-@user_errors
 def prebuild(
     c: Context,
-    cmd: str,
+    cmd: str | None = None,
     crate_dir: str | None = None,
     cluster_file: str | None = None,
     controller_host: str | None = None,
-    jobs: int | None = None,
+    jobs: int = 0,
     no_prebuild: bool = False,
     per_host: bool = False,
     no_verify: bool = False,
-    timeout: float | None = None,
+    require_verified: bool = False,
+    timeout: int = 0,
     no_cache: bool = False,
+    watch: bool = False,
     json: bool = False,
 ) -> None:
-    """Preflight, then build CMD once per remote libtorch variant and publish the envelope."""
+    """Preflight, then build CMD once per remote build environment and publish its envelope."""
+    command = require_command(cmd)
     run = Run.start(
         c,
         cluster_file=cluster_file,
         controller_host=controller_host,
-        build_jobs=jobs,
-        build_timeout=timeout,
+        build_jobs=jobs or None,
+        build_timeout=timeout or None,
         shared_builds=off(per_host),
         verify=off(no_verify),
+        require_verified=require_verified or None,
         compile_cache=off(no_cache),
     )
-    command = check_command(cmd)
     if no_prebuild:
-        pipeline.preflight(run, abi=False, as_json=False)
+        pipeline.preflight(run, abi=False)
         return
     crate = pipeline.resolve_crate_dir(run, crate_dir, command)
-    text = pipeline.prebuild(run, command, crate)
-    if json and text is not None:
-        print(text)
+    check_binary(command, run.root / crate)
+    if watch:
+        from fdl_tasks.watch import watch_and_rebuild
+
+        watch_and_rebuild(run, command, crate, as_json=json)
+        return
+    os.environ.pop(ENV_PREBUILD_PER_HOST, None)
+    published = pipeline.prebuild(run, command, crate)
+    if published is None:
+        return
+    os.environ[ENV_PREBUILD_PER_HOST] = published.text
+    stale_warning(run)
+    if json:
+        print(published.text)
 
 
 def _remainder_args() -> list[str]:
@@ -159,21 +253,44 @@ def _remainder_args() -> list[str]:
     return sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else []
 
 
-@task(
+@fdl_task(
     help={
         "cluster-file": HELP["cluster-file"],
         "controller-host": HELP["controller-host"],
-        "cmd": "the command whose prebuilt binary to run",
+        "cmd": "the command whose prebuilt binary to run; required",
     }
 )
-@user_errors
 def launch(
-    c: Context, cmd: str, cluster_file: str | None = None, controller_host: str | None = None
+    c: Context,
+    cmd: str | None = None,
+    cluster_file: str | None = None,
+    controller_host: str | None = None,
 ) -> None:
     """Run the prebuilt CMD on every remote worker (arguments after --); lines prefixed [host]."""
+    command = require_command(cmd)
     run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host)
-    launch_on_workers(run, check_command(cmd), _remainder_args())
+    launch_on_workers(run, command, _remainder_args())
 
 
-ns = Collection(preflight, build_host, prebuild, launch)
+@fdl_task(
+    help={
+        "cluster-file": HELP["cluster-file"],
+        "controller-host": HELP["controller-host"],
+        "dry": "list what would be removed, remove nothing (like inv --dry clean)",
+        "all": "remove every build tree under target/cluster/, in use or not",
+    }
+)
+def clean(
+    c: Context,
+    cluster_file: str | None = None,
+    controller_host: str | None = None,
+    dry: bool = False,
+    all: bool = False,
+) -> None:
+    """Remove target dirs under target/cluster/ that no current host, variant or image uses."""
+    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host)
+    clean_target_tree(run, list_only=dry or run.dry, everything=all)
+
+
+ns = Collection(preflight, build_host, prebuild, launch, clean)
 ns.configure({"fdl": dict(DEFAULTS)})

@@ -16,7 +16,7 @@ import attrs
 
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.probe import BEGIN, END, ProbeFacts, marked_answers
+from fdl_tasks.probe import BEGIN, END, HOST_FACT_LINES, glibc_version, marked_answers
 from fdl_tasks.rules import join_path
 
 _GLIBC_SYMBOL = re.compile(r"GLIBC_(\d+)\.(\d+)")
@@ -63,8 +63,7 @@ def verification_script(worker_path: str, entry: PerHostEnvelope) -> str:
             "else echo sha256=missing; fi",
             f"LD_LIBRARY_PATH={library_path} ldd {binary} 2>&1 | "
             "sed -n 's/^[[:space:]]*\\([^[:space:]]*\\) => not found.*/missing_lib=\\1/p'",
-            "printf 'libc=%s\\n' \"$(ldd --version 2>&1 | head -n 2 | tr '\\n' ' ')\"",
-            "printf 'uname_m=%s\\n' \"$(uname -m 2>/dev/null)\"",
+            *HOST_FACT_LINES,
             f"[ -f {binary} ] && printf 'elf=%s\\n' "
             f"\"$(od -An -tu1 -N20 {binary} | tr -s ' \\n' ' ')\"",
             f"echo {END}",
@@ -97,9 +96,9 @@ class RemoteCopy:
 
     sha256: str | None
     missing_libraries: tuple[str, ...]
-    libc: ProbeFacts
-    machine: str | None = None  # the host's ``uname -m``
-    binary_machine: str | None = None  # what the copy's ELF header says it is for
+    glibc: tuple[int, int] | None = None
+    cpu_arch: str | None = None  # the host's ``uname -m``
+    binary_cpu_arch: str | None = None  # what the copy's ELF header says it is for
 
 
 def parse_verification(stdout: str) -> RemoteCopy | None:
@@ -110,9 +109,9 @@ def parse_verification(stdout: str) -> RemoteCopy | None:
     return RemoteCopy(
         sha256=None if sha in (None, "missing") else sha,
         missing_libraries=answers.every("missing_lib"),
-        libc=ProbeFacts(data=None, libc=answers.get("libc") or None),
-        machine=answers.get("uname_m") or None,
-        binary_machine=elf_machine(answers.get("elf") or ""),
+        glibc=glibc_version(answers.get("libc")),
+        cpu_arch=answers.get("cpu_arch") or None,
+        binary_cpu_arch=elf_machine(answers.get("elf") or ""),
     )
 
 
@@ -129,9 +128,9 @@ def delivery_problems(
             f"{copy.sha256[:16]}…, controller {expected_sha[:16]}…): stale or "
             "lagging shared mount"
         )
-    if copy.machine and copy.binary_machine and copy.machine != copy.binary_machine:
+    if copy.cpu_arch and copy.binary_cpu_arch and copy.cpu_arch != copy.binary_cpu_arch:
         problems.append(
-            f"{host}: {path} is a {copy.binary_machine} binary but the host is {copy.machine}: "
+            f"{host}: {path} is a {copy.binary_cpu_arch} binary but the host is {copy.cpu_arch}: "
             "it cannot run there"
         )
     if copy.missing_libraries:
@@ -139,7 +138,7 @@ def delivery_problems(
             f"{host}: libraries not found with the envelope's LD_LIBRARY_PATH: "
             + ", ".join(copy.missing_libraries)
         )
-    remote_glibc = copy.libc.glibc
+    remote_glibc = copy.glibc
     if needed_glibc and remote_glibc and remote_glibc < needed_glibc:
         problems.append(
             f"{host}: the binary needs glibc {needed_glibc[0]}.{needed_glibc[1]} "

@@ -1,6 +1,6 @@
-"""aarch64 hosts for the test rig: qemu binfmt, a cross builder image, aarch64 stubs.
+"""aarch64 hosts for the test rig: qemu binfmt, cross toolchains, aarch64 stubs.
 
-Three pieces, each idempotent (``python3 -m rig.cross ensure`` does the first two,
+Four pieces, each idempotent (``python3 -m rig.cross ensure`` does the first three,
 and only checks on a second run):
 
 * **Running aarch64 binaries on this x86_64 machine.**  :func:`ensure_host_packages`
@@ -11,6 +11,15 @@ and only checks on a second run):
   directly, as long as ``QEMU_LD_PREFIX`` (:data:`AARCH64_SYSROOT`) tells qemu
   where the aarch64 ``/lib`` is.  An emulated rig host
   (``HostSpec(emulate="aarch64")`` in :mod:`rig.sshrig`) is built on this.
+* **Native cross builds on the controller** (:func:`ensure_native_cross`):
+  ``gcc-aarch64-linux-gnu`` with ``libc6-dev-arm64-cross`` (crt files, libc),
+  and the aarch64 std of Debian's ``rustc-web`` (``libstd-rust-web-dev:arm64``,
+  the same version as the amd64 ``rustc-web`` that ``scripts/setup`` installs).
+  The last is a foreign-architecture package, so dpkg learns arm64 first
+  (``dpkg --add-architecture arm64``, once: from then on ``apt-get update`` also
+  fetches bookworm's arm64 package lists, about 9 MB).
+  ``/usr/bin/rustc --target aarch64-unknown-linux-gnu`` then works offline,
+  which a rustup toolchain cannot (``rustup target add`` needs the network).
 * **A cross builder image** :data:`CROSS_REF` (:func:`ensure_cross_image`):
   Debian trixie ``minbase`` by ``debootstrap`` from this machine's mirror, then,
   chrooted, ``dpkg --add-architecture arm64`` and ``apt-get install`` of rustc
@@ -63,6 +72,7 @@ __all__ = [
     "CROSS_LINKER",
     "CROSS_REF",
     "HOST_PACKAGES",
+    "NATIVE_CROSS_PACKAGES",
     "aarch64_env",
     "add_aarch64_variant",
     "binfmt_problem",
@@ -72,6 +82,7 @@ __all__ = [
     "ensure_binfmt",
     "ensure_cross_image",
     "ensure_host_packages",
+    "ensure_native_cross",
     "main",
     "missing_aarch64_libraries",
     "run_aarch64",
@@ -86,6 +97,13 @@ CROSS_LINKER = "aarch64-linux-gnu-gcc"
 #: Host packages: qemu (static, so LD_* variables never reach qemu itself) and
 #: the aarch64 runtime the loader needs (libc, ld.so, libgcc_s).
 HOST_PACKAGES = ("qemu-user-static", "libc6-arm64-cross", "libgcc-s1-arm64-cross")
+#: Native cross builds with Debian's rustc-web: the aarch64 linker, the aarch64 std.
+NATIVE_CROSS_PACKAGES = (
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "libstd-rust-web-dev:arm64",
+)
+FOREIGN_ARCH = "arm64"
 #: Where those packages put the aarch64 ``/lib``: qemu's ``QEMU_LD_PREFIX``.
 AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
 AARCH64_LOADER = f"{AARCH64_SYSROOT}/lib/ld-linux-aarch64.so.1"
@@ -148,6 +166,28 @@ def ensure_host_packages(packages: Sequence[str] = HOST_PACKAGES) -> None:
     if subprocess.run(install, capture_output=True, env=env, check=False).returncode != 0:
         run_logged(["apt-get", "update", "-q"], "apt-get update")
         run_logged(["env", "DEBIAN_FRONTEND=noninteractive", *install], shlex.join(install))
+
+
+def _foreign_architectures() -> list[str]:
+    proc = subprocess.run(
+        ["dpkg", "--print-foreign-architectures"], capture_output=True, text=True, check=False
+    )
+    return proc.stdout.split()
+
+
+def ensure_native_cross() -> None:
+    """arm64 known to dpkg, then :data:`NATIVE_CROSS_PACKAGES` installed.
+
+    After ``dpkg --add-architecture`` the first install finds no arm64 package
+    lists, so :func:`ensure_host_packages` runs ``apt-get update`` and tries again.
+    """
+    if all(_installed(p) for p in NATIVE_CROSS_PACKAGES):
+        return
+    if FOREIGN_ARCH not in _foreign_architectures():
+        if os.geteuid() != 0:
+            raise RuntimeError(f"dpkg --add-architecture {FOREIGN_ARCH} needs root")
+        run_logged(["dpkg", "--add-architecture", FOREIGN_ARCH], f"add {FOREIGN_ARCH} to dpkg")
+    ensure_host_packages(NATIVE_CROSS_PACKAGES)
 
 
 def _binfmt_rule() -> tuple[str, str]:
@@ -405,24 +445,23 @@ def ensure() -> str:
     """Everything an emulated aarch64 host and a cross build need; the image reference."""
     ensure_host_packages()
     ensure_binfmt()
+    ensure_native_cross()
     ensure_dockerd()
     return ensure_cross_image()
 
 
 def _cross_build(root: Path, arch: str, image: str) -> Path:
     """The aarch64 build of ``ddp-bench`` exactly as prebuild renders it (docker run mode)."""
-    from fdl_tasks.commands import docker_command
+    from fdl_tasks.backends.docker_run import docker_command
     from fdl_tasks.model import Controller, CrossSetup, DockerSettings, Worker
     from fdl_tasks.plan import plan_builds
 
     docker = DockerSettings(image=image)
+    controller = Controller(path=str(root), docker=docker, cross={"aarch64": CrossSetup()})
     worker = Worker(host="selftest", path=str(root), arch=arch)
-    cross = {"aarch64": CrossSetup()}
-    machines = {"selftest": "aarch64"}
-    job = plan_builds(
-        [worker], docker, "ddp-bench", "ddp-bench", False, machines=machines, cross=cross
-    )[0]
-    command = docker_command(job, Controller(path=str(root)), docker, "selftest", None)
+    cpu_archs = {"selftest": "aarch64"}
+    job = plan_builds([worker], controller, "ddp-bench", "ddp-bench", False, cpu_archs=cpu_archs)[0]
+    command = docker_command(job, controller, docker, "selftest", None)
     run_logged(["sh", "-c", command], f"cross build: {command}")
     return root / job.built_binary
 
@@ -468,7 +507,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.monotonic()
     ref = ensure()
-    print(f"aarch64 binfmt ready, cross image {ref} ready ({time.monotonic() - start:.1f}s)")
+    print(
+        f"aarch64 binfmt, native cross toolchain and cross image {ref} ready "
+        f"({time.monotonic() - start:.1f}s)"
+    )
     if args.action == "selftest":
         with tempfile.TemporaryDirectory(prefix="fdl-cross-selftest-") as tmp:
             print("\n".join(selftest(args.workdir or Path(tmp), ref)))

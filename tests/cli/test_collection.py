@@ -118,6 +118,8 @@ def test_bad_setting_and_unknown_host(tmp_path: Path) -> None:
     assert bad.returncode == 1 and "unknown host 'nope'" in bad.stderr
     assert "cluster-a, cluster-b" in bad.stderr
     jobs = inv(root, "prebuild", "--cmd", "x", "--jobs", "many")
-    assert jobs.returncode == 1 and "fdl.build_jobs must be int" in jobs.stderr
+    assert jobs.returncode == 1 and jobs.stderr == "--jobs expects a whole number, got 'many'\n"
+    setting = inv(root, "prebuild", "--cmd", "x", env={"INVOKE_FDL_BUILD_JOBS": "-2"})
+    assert setting.returncode == 1 and "fdl.build_jobs must be int" in setting.stderr
     cmd = inv(root, "prebuild", "--cmd", "x; rm -rf /")
     assert cmd.returncode == 1 and "not a valid binary name" in cmd.stderr

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.commands import docker_command
+from fdl_tasks.backends.docker_run import docker_command
 from fdl_tasks.envelope import decode
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import DockerSettings
@@ -78,7 +78,7 @@ def workers(rig: RigCluster, archs: dict[str, str] | None = None) -> list[dict[s
 
 
 def assert_runs_everywhere(rig: RigCluster, stdout: str, archs: dict[str, str]) -> None:
-    envelope_file = rig.project / "target/cluster/_envelope.json"
+    envelope_file = rig.project / "target/cluster/_envelopes/ddp-bench.json"
     assert envelope_file.read_text() == stdout  # --json prints exactly the published text
     envelopes = decode(stdout, "stdout")
     assert sorted(envelopes) == sorted(archs)  # never the controller
@@ -115,7 +115,7 @@ def test_prebuild_native_one_build_per_host(rig: RigCluster) -> None:
     assert_runs_everywhere(rig, done.stdout.strip() + "\n", ARCHS)
     for host, arch in ARCHS.items():  # one target dir, one log per host
         assert (
-            rig.project / "target/cluster" / host / arch.replace("/", "-") / "build.log"
+            rig.project / "target/cluster" / host / arch.replace("/", "-") / "build-ddp-bench.log"
         ).is_file()
 
 
@@ -141,14 +141,30 @@ def test_arch_change_builds_fresh_in_a_new_dir(rig: RigCluster) -> None:
     assert old.read_bytes() == old_bytes  # the old variant's dir is left alone
 
 
-def test_broken_hosts_fail_together_and_others_finish(rig: RigCluster) -> None:
+def test_a_missing_variant_is_refused_before_any_build(rig: RigCluster) -> None:
+    """A typo in 'arch' (no libtorch/<arch>/lib on the controller) stops the run before
+    preflight and any build, naming the host and the path looked for."""
     broken_lib = rig.project / "libtorch/precompiled/cu118"
-    break_variant(rig.project, "precompiled/cu118")  # no lib/: refused before cargo
+    break_variant(rig.project, "precompiled/cu118")
+    archs = {"blackwell": "precompiled/cu128", "ada": "precompiled/cu118"}
+    path = rig.write(workers(rig, archs), "typo.yaml")
+    shutil.rmtree(rig.project / "target", ignore_errors=True)
+    done = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
+    assert done.returncode == 1
+    assert done.stderr == (
+        "fdl: libtorch variant(s) not found on the controller (a typo in 'arch'?); nothing "
+        f"was built: ada (arch precompiled/cu118): {broken_lib}/lib\n"
+    )
+    assert not (rig.project / "target").exists()
+
+
+def test_broken_hosts_fail_together_and_others_finish(rig: RigCluster) -> None:
     bad_build = rig.project / "libtorch/builds/bad/lib"
     bad_build.mkdir(parents=True, exist_ok=True)  # lib/ without libtorch.so: cargo fails
+    (rig.project / "libtorch/builds/worse/lib").mkdir(parents=True, exist_ok=True)
     archs = {
         "blackwell": "precompiled/cu128",
-        "ada": "precompiled/cu118",
+        "ada": "builds/worse",
         "pascal": "builds/bad",
         "cpu-node": "precompiled/cpu",
     }
@@ -156,11 +172,11 @@ def test_broken_hosts_fail_together_and_others_finish(rig: RigCluster) -> None:
     done = rig.inv("prebuild", "--cmd", "ddp-bench", "--per-host", "--cluster-file", str(path))
     assert done.returncode == 1
     assert "2 of 4 build(s) failed; no envelope was published" in done.stderr
-    assert f"libtorch not found: {broken_lib}/lib is not a directory" in done.stderr
     assert "build pascal for pascal failed: cargo exited 101" in done.stderr
+    assert "build ada for ada failed: cargo exited 101" in done.stderr
     assert "has no lib/" in done.stderr or "libtorch.so does not exist" in done.stderr
     assert "prebuild: blackwell ok" in done.stderr and "prebuild: cpu-node ok" in done.stderr
-    assert not (rig.project / "target/cluster/_envelope.json").exists()
+    assert not (rig.project / "target/cluster/_envelopes/ddp-bench.json").exists()
     assert "Traceback" not in done.stderr
 
 
@@ -215,7 +231,9 @@ def test_docker_build_as_a_non_root_user_leaves_no_root_files(rig: RigCluster) -
     cluster = load_cluster(rig.write(workers(rig), "user.yaml", docker=rig.docker_settings()))
     docker = cluster.controller.docker
     assert isinstance(docker, DockerSettings)
-    job = plan_builds([cluster.worker("ada")], docker, "ddp-bench", "ddp-bench", False)[0]
+    job = plan_builds([cluster.worker("ada")], cluster.controller, "ddp-bench", "ddp-bench", False)[
+        0
+    ]
     target = rig.project / job.target_dir
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)

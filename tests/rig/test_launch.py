@@ -50,7 +50,9 @@ def cluster_file(rig: RigCluster, name: str, **env: dict[str, str]) -> Path:
 
 
 def binaries(rig: RigCluster) -> dict[str, str]:
-    envelope = decode((rig.project / "target/cluster/_envelope.json").read_text(), "envelope")
+    envelope = decode(
+        (rig.project / "target/cluster/_envelopes/ddp-bench.json").read_text(), "envelope"
+    )
     return {host: str(rig.project / entry.bin) for host, entry in envelope.items()}
 
 

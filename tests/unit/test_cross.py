@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.commands import compose_command, docker_command, native_command
+from fdl_tasks.backends.compose import compose_command
+from fdl_tasks.backends.docker_run import docker_command
+from fdl_tasks.backends.native import native_command
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
@@ -37,10 +39,7 @@ def cluster(docker: Any = None, cross: Any = None, **arm: Any) -> Cluster:
 
 
 def plan(c: Cluster, machines: dict[str, str], shared: bool = True) -> list[Any]:
-    docker = c.controller.docker
-    return plan_builds(
-        c.workers, docker, "bench", "", shared, machines=machines, cross=c.controller.cross
-    )
+    return plan_builds(c.workers, c.controller, "bench", "", shared, cpu_archs=machines)
 
 
 def test_one_build_per_variant_and_cpu_architecture() -> None:
@@ -161,7 +160,7 @@ def test_elf_machine_from_the_header() -> None:
 
 
 def test_a_binary_for_another_cpu_is_refused_naming_both() -> None:
-    copy = RemoteCopy("aa", (), ProbeFacts(None), machine="aarch64", binary_machine="x86_64")
+    copy = RemoteCopy("aa", (), cpu_arch="aarch64", binary_cpu_arch="x86_64")
     problems = delivery_problems("gh200", "/m/bin", copy, "aa", None)
     assert problems == [
         "gh200: /m/bin is a x86_64 binary but the host is aarch64: it cannot run there"

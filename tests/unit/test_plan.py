@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 import pytest
 
-from fdl_tasks.commands import compose_command, docker_command, native_command
+from fdl_tasks.backends.compose import compose_command
+from fdl_tasks.backends.docker_run import docker_command
+from fdl_tasks.backends.native import native_command
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
@@ -19,6 +22,10 @@ def cluster(archs: dict[str, str], docker: dict[str, object] | None = None) -> C
         controller["docker"] = docker
     workers = [{"host": h, "path": "/mnt/p", "arch": a} for h, a in archs.items()]
     return parse_cluster({"controller": controller, "workers": workers}, "c.yaml")
+
+
+def _wc(c: Cluster) -> tuple[Any, Any]:
+    return c.workers, c.controller
 
 
 def test_image_template() -> None:
@@ -34,7 +41,7 @@ def test_image_template() -> None:
 
 def test_per_host_plan_has_one_job_per_host() -> None:
     c = cluster({"a": "precompiled/cu128", "b": "precompiled/cu128", "c": "precompiled/cpu"})
-    jobs = plan_builds(c.workers, None, "bench", "ddp-bench", shared=False)
+    jobs = plan_builds(c.workers, c.controller, "bench", "ddp-bench", shared=False)
     assert [(j.name, j.hosts, j.target_dir) for j in jobs] == [
         ("a", ("a",), "target/cluster/a/precompiled-cu128"),
         ("b", ("b",), "target/cluster/b/precompiled-cu128"),
@@ -45,7 +52,7 @@ def test_per_host_plan_has_one_job_per_host() -> None:
 
 def test_shared_plan_has_one_job_per_distinct_build() -> None:
     archs = {f"n{i:02}": ("precompiled/cu128" if i % 2 else "builds/sm61-sm120") for i in range(16)}
-    jobs = plan_builds(cluster(archs).workers, None, "bench", "", shared=True)
+    jobs = plan_builds(*_wc(cluster(archs)), "bench", "", shared=True)
     assert len(jobs) == 2
     assert sorted(len(j.hosts) for j in jobs) == [8, 8]
     for job in jobs:
@@ -56,8 +63,8 @@ def test_shared_plan_has_one_job_per_distinct_build() -> None:
 
 
 def test_arch_change_moves_a_host_to_a_new_build_dir() -> None:
-    before = plan_builds(cluster({"a": "precompiled/cu128"}).workers, None, "x", "", True)
-    after = plan_builds(cluster({"a": "precompiled/cu126"}).workers, None, "x", "", True)
+    before = plan_builds(*_wc(cluster({"a": "precompiled/cu128"})), "x", "", True)
+    after = plan_builds(*_wc(cluster({"a": "precompiled/cu126"})), "x", "", True)
     assert before[0].target_dir != after[0].target_dir
 
 
@@ -67,7 +74,7 @@ def test_docker_command_is_quoted_and_complete() -> None:
         {"image": "flodl:{cuda_tag}", "env": {"X": "a b"}, "run_args": ["--gpus", "all"]},
     )
     assert isinstance(c.controller.docker, DockerSettings)
-    job = plan_builds(c.workers, c.controller.docker, "bench", "ddp-bench", False)[0]
+    job = plan_builds(c.workers, c.controller, "bench", "ddp-bench", False)[0]
     argv = shlex.split(docker_command(job, c.controller, c.controller.docker, "r1", "1000:1000"))
     assert argv[:3] == ["docker", "run", "--rm"]
     assert argv[argv.index("--label") : argv.index("--label") + 2] == [
@@ -96,7 +103,7 @@ def test_docker_command_is_quoted_and_complete() -> None:
 
 def test_native_command() -> None:
     c = cluster({"a": "precompiled/cpu"})
-    job = plan_builds(c.workers, None, "bench", "", False)[0]
+    job = plan_builds(c.workers, c.controller, "bench", "", False)[0]
     command = native_command(job, c.controller)
     assert command == (
         "cd '/srv/my proj' && exec setsid env "
@@ -122,7 +129,7 @@ def compose_job(arch: str) -> tuple[list[str], dict[str, str], Cluster]:
         "c.yaml",
     )
     assert isinstance(c.controller.docker, ComposeService)
-    job = plan_builds(c.workers, c.controller.docker, "ddp-bench", "ddp-bench", False)[0]
+    job = plan_builds(c.workers, c.controller, "ddp-bench", "ddp-bench", False)[0]
     line = compose_command(
         job, c.controller, c.controller.docker, ["docker", "compose"], "r1", (7, 8)
     )
@@ -175,6 +182,6 @@ def test_compose_command_runs_flodls_inner_script(arch: str, features: str) -> N
 def test_compose_v1_is_the_same_command() -> None:
     c = compose_job("precompiled/cu128")[2]
     assert isinstance(c.controller.docker, ComposeService)
-    job = plan_builds(c.workers, c.controller.docker, "ddp-bench", "ddp-bench", False)[0]
+    job = plan_builds(c.workers, c.controller, "ddp-bench", "ddp-bench", False)[0]
     v1 = compose_command(job, c.controller, c.controller.docker, ["docker-compose"], "r1", (7, 8))
     assert " docker-compose run --rm -T " in v1

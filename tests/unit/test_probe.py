@@ -31,7 +31,7 @@ def test_script_reports_this_machine(tmp_path: Path) -> None:
     facts = run_locally(ProbeRequest(str(tmp_path), True, abi=True))
     assert facts is not None
     assert facts.data == "ok"
-    assert facts.uname_m == subprocess.check_output(["uname", "-m"], text=True).strip()
+    assert facts.cpu_arch == subprocess.check_output(["uname", "-m"], text=True).strip()
     assert facts.glibc is not None and facts.glibc >= (2, 17)
     assert facts.pkill is not None
 
@@ -49,9 +49,9 @@ def test_script_quotes_the_data_path(tmp_path: Path) -> None:
 def test_parse_ignores_banners_and_needs_both_markers() -> None:
     out = ProbeRequest("/d", False, False).script()  # for the markers only
     begin, end = out.splitlines()[0].split()[1], out.splitlines()[-2].split()[1]
-    chatty = f"Welcome!\nkey=value\n{begin}\ndata=ok\nuname_m=aarch64\n{end}\n"
+    chatty = f"Welcome!\nkey=value\n{begin}\ndata=ok\ncpu_arch=aarch64\n{end}\n"
     facts = parse_facts(chatty)
-    assert facts == ProbeFacts(data="ok", uname_m="aarch64")
+    assert facts == ProbeFacts(data="ok", cpu_arch="aarch64")
     assert parse_facts(f"{begin}\ndata=ok\n") is None
 
 

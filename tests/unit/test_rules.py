@@ -7,17 +7,17 @@ import pytest
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
+from fdl_tasks.layout import arch_slug
+from fdl_tasks.layout import host_binary as binary_path
+from fdl_tasks.layout import host_dir as target_dir
 from fdl_tasks.rules import (
     arch_cuda,
-    arch_slug,
-    binary_path,
     cargo_features,
     check_command,
     check_crate_dir,
     controller_label,
     remote_workers,
     require_arch,
-    target_dir,
 )
 
 

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import io
 
-from fdl_tasks.builder import JobResult
 from fdl_tasks.console import PrefixedLines, StatusBoard
-from fdl_tasks.plan import BuildJob, BuildSpec
-
-
-def job(name: str) -> BuildJob:
-    spec = BuildSpec("precompiled/cu128", ("cuda",), None, "", "bench")
-    return BuildJob(name, spec, (name,), f"target/cluster/{name}/precompiled-cu128")
 
 
 def test_plain_lines_when_not_a_terminal() -> None:
@@ -19,7 +12,7 @@ def test_plain_lines_when_not_a_terminal() -> None:
     with StatusBoard(out, live=False) as board:
         board.started("a")
         PrefixedLines("a", None, board).write("Compiling x\nFinished")
-        board.finished(JobResult(job("a"), True, 1.25))
+        board.finished("a", ok=True, seconds=1.25)
     text = out.getvalue()
     assert "\r" not in text and "\033" not in text
     assert text.splitlines() == ["prebuild: a started", "[a] Compiling x", "prebuild: a ok in 1.2s"]
@@ -31,7 +24,7 @@ def test_live_status_line_on_a_terminal() -> None:
         board.started("a")
         board.started("b")
         PrefixedLines("a", None, board).write("Compiling x\n")
-        board.finished(JobResult(job("b"), False, 2.0, "cargo exited 101"))
+        board.finished("b", ok=False, seconds=2.0, detail="cargo exited 101")
         text = out.getvalue()
         assert "\r\033[K[a] Compiling x\n" in text  # the status line is cleared first
         assert "[running: a 0s, b 0s | done 0 | failed 0]" in text

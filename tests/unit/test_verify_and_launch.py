@@ -52,7 +52,7 @@ def test_verification_script_against_this_machine(tmp_path: Path) -> None:
     assert copy is not None
     assert copy.sha256 == file_sha256(binary)
     assert copy.missing_libraries == ()
-    assert copy.libc.glibc is not None
+    assert copy.glibc is not None
     assert delivery_problems("h", str(binary), copy, file_sha256(binary), (2, 2)) == []
     assert "differs" in delivery_problems("h", "p", copy, "0" * 64, None)[0]
     assert "needs glibc 9.9" in delivery_problems("h", "p", copy, copy.sha256 or "", (9, 9))[0]

@@ -214,7 +214,7 @@ def test_docker_image_template_gives_fdl_error_or_an_image(
     if cluster is None:
         return
     try:
-        jobs = plan_builds(cluster.workers, cluster.controller.docker, "x", "", True)
+        jobs = plan_builds(cluster.workers, cluster.controller, "x", "", True)
     except FdlError as exc:
         assert_one_paragraph(str(exc))
         return
