@@ -132,6 +132,7 @@ def launch_all(
 def launch(run: Run, command: str, args: Sequence[str]) -> None:
     """``inv launch``: the envelope checked against cluster.yaml, then every remote worker."""
     remotes = run.remotes
+    run.warn_unlisted_controller()
     if not run.dry:  # a `prebuild --watch` cycle in flight publishes first
         from fdl_tasks.watch import wait_for_watch
 

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from fdl_tasks.converter import structure
+from fdl_tasks.dist import check_dist  # also registers controller.dist's value checks
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
 from fdl_tasks.rules import GNU_TARGETS
@@ -40,6 +41,10 @@ def parse_cluster(data: object, source: str) -> Cluster:
             "contains ':' or ','); move the project or build with native cargo."
         )
     _check_cross(cluster, source)
+    dist = cluster.controller.dist
+    problem = check_dist(dist) if dist else None
+    if problem:
+        raise FdlError(f"{source} is not a valid cluster file: controller.dist: {problem}.")
     seen: dict[str, int] = {}
     for index, worker in enumerate(cluster.workers):
         if worker.host in seen:

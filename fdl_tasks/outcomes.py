@@ -8,8 +8,8 @@ import attrs
 import paramiko
 from invoke.exceptions import CommandTimedOut
 
+from fdl_tasks.hostkeys import HostKeyRefused
 from fdl_tasks.model import Worker
-from fdl_tasks.settings import Settings
 
 
 @attrs.frozen
@@ -26,20 +26,26 @@ class Failure:
     """A command that never ran to the end on that host, and why in one line."""
 
     reason: str
+    #: The host's key was refused: changed, ``@revoked``, or unknown where
+    #: ``StrictHostKeyChecking`` is ``yes``. An error, never "unreachable".
     host_key_changed: bool = False
 
 
 Outcome = Reply | Failure
 
 
-def describe_failure(exc: BaseException, settings: Settings, worker: Worker) -> Failure:
-    """One readable line for anything a connection or command can raise."""
+def describe_failure(exc: BaseException, worker: Worker, connect_timeout: float) -> Failure:
+    """One readable line for anything a connection or command can raise.
+
+    ``connect_timeout`` is the host's own budget for connect, banner and auth.
+    """
     where = f"{worker.ssh_target}:{worker.ssh.port or 22}"
+    if isinstance(exc, HostKeyRefused):
+        return Failure(exc.reason, host_key_changed=True)
     if isinstance(exc, paramiko.BadHostKeyException):
         return Failure(
-            f"host key of {where} does not match the one remembered in {settings.known_hosts}: "
-            "it may be a man in the middle; if the host was reinstalled, remove the old key "
-            "with ssh-keygen -R",
+            f"host key of {where} does not match the one remembered: it may be a man in "
+            "the middle; if the host was reinstalled, remove the old key with ssh-keygen -R",
             host_key_changed=True,
         )
     if isinstance(exc, CommandTimedOut):
@@ -51,12 +57,12 @@ def describe_failure(exc: BaseException, settings: Settings, worker: Worker) -> 
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError | ConnectionError):
         return Failure(f"connection refused at {where}")
     if isinstance(exc, TimeoutError | socket.timeout):
-        return Failure(f"connection to {where} timed out after {settings.connect_timeout:g}s")
+        return Failure(f"connection to {where} timed out after {connect_timeout:g}s")
     if isinstance(exc, paramiko.SSHException) and (
         "banner" in str(exc) or "No existing session" in str(exc)
     ):
         return Failure(
             f"{where} accepted the connection but no SSH session was established "
-            f"within {settings.connect_timeout:g}s (no SSH banner: hung host?)"
+            f"within {connect_timeout:g}s (no SSH banner: hung host?)"
         )
     return Failure(f"{type(exc).__name__} at {where}: {exc}".strip())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from fdl_tasks import envelope
+import fdl_tasks.envelope as envelope
 from fdl_tasks.backends import Backend, backend_for
 from fdl_tasks.builder import JobResult
 from fdl_tasks.builds import run_builds
@@ -149,12 +149,13 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
                 backend.check(jobs)
         else:
             backend.check(jobs)
-        return build_and_publish(run, fleet, backend, jobs)
+        return build_and_publish(run, fleet, backend, jobs, command, crate)
 
 
-def build_and_publish(run: Run, fleet: Fleet, backend: Backend, jobs: list[BuildJob]) -> Published:
+def build_and_publish(
+    run: Run, fleet: Fleet, backend: Backend, jobs: list[BuildJob], command: str, crate: str
+) -> Published:
     """Under the project lock: withdraw the command's envelope, build, verify, publish."""
-    command, crate = jobs[0].spec.command, jobs[0].spec.crate_dir
     with project_lock(run.root / LOCK_FILE, run.report):
         # Withdraw first: if this run fails, nothing may point a launcher at
         # binaries that are now stale.

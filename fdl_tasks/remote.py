@@ -1,9 +1,11 @@
 """Fabric connections to the workers: one per host, kept open for a whole task.
 
-Host keys are trusted on first use (see :mod:`fdl_tasks.hostkeys`).
 Each worker's ``ssh.options`` become an ssh_config block placed before the
 user's own ``~/.ssh/config`` and the system's ``/etc/ssh/ssh_config``, so
-Fabric applies them exactly as OpenSSH would (first value wins).
+Fabric applies them exactly as OpenSSH would (first value wins). Host keys are
+checked as OpenSSH checks them, with each host's own ``StrictHostKeyChecking``
+and known_hosts files (see :mod:`fdl_tasks.hostkeys`); so is each host's own
+``ConnectTimeout``, the budget of its connect, banner and auth.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import fabric
 import paramiko
@@ -22,11 +23,17 @@ from fabric.runners import Remote
 
 from fdl_tasks.console import TextSink
 from fdl_tasks.errors import FdlError
-from fdl_tasks.hostkeys import KnownHosts, TrustOnFirstUse
+from fdl_tasks.hostkeys import (
+    KnownHosts,
+    KnownHostsView,
+    TrustOnFirstUse,
+    explain_refusal,
+    skipped_warnings,
+)
 from fdl_tasks.model import Worker
 from fdl_tasks.outcomes import Failure, Outcome, Reply, describe_failure
 from fdl_tasks.settings import Settings
-from fdl_tasks.sshconfig import read_config, ssh_config_block
+from fdl_tasks.sshconfig import HostKeyOptions, host_key_options, read_config, ssh_config_block
 
 
 def quiet_paramiko() -> None:
@@ -54,6 +61,15 @@ def _load_identity(path: str) -> paramiko.PKey | None:
         return None  # paramiko then loads it itself for each connection, as before
 
 
+class _Hop(NamedTuple):
+    """One connection on the way to a worker (the worker itself, or a ProxyJump hop)."""
+
+    connection: fabric.Connection
+    name: str  # as known_hosts names it: host, or [host]:port
+    view: KnownHostsView
+    what: str  # "" for the worker itself, "jump host " for a hop
+
+
 class Fleet:
     """Fabric connections to some workers; commands fan out in ThreadingGroups.
 
@@ -61,9 +77,10 @@ class Fleet:
     concurrently, so a whole fan-out costs one round trip of the slowest host.
     Handshakes run ``settings.ssh_window`` at a time: a host's connect, banner
     and auth clocks start when its own attempt starts, so hosts waiting their
-    turn are never charged for the controller's queue. What is the same for
-    every host (the parsed known_hosts, one Fabric config per distinct
-    ssh_config block, the loaded identity) is built once.
+    turn are never charged for the controller's queue; each host's budget is
+    its own ``ConnectTimeout``, else ``settings.connect_timeout``. What is the
+    same for every host (each known_hosts file, parsed once; one Fabric config
+    per distinct ssh_config block; the loaded identity) is built once.
     """
 
     def __init__(
@@ -76,15 +93,28 @@ class Fleet:
         self._config_files = "".join(
             read_config(path) for path in (settings.ssh_config, settings.system_ssh_config)
         )
-        known_hosts = Path(os.path.expanduser(settings.known_hosts))
-        self._known_hosts = KnownHosts(str(known_hosts) if known_hosts.is_file() else None)
         self._no_system_keys = KnownHosts()
-        self._policy = TrustOnFirstUse(known_hosts, self._known_hosts)
+        self._known_hosts: dict[str, KnownHosts] = {}  # by file, each parsed once
+        self._views: dict[tuple[tuple[str, ...], tuple[str, ...]], KnownHostsView] = {}
+        self._policies: dict[HostKeyOptions, TrustOnFirstUse] = {}
+        self._unstrict: list[str] = []  # hosts whose configuration says StrictHostKeyChecking no
+        self._hops: dict[str, list[_Hop]] = {}
+        self._budgets: dict[str, float] = {}
         self._configs: dict[str, fabric.Config] = {}
         self._identities: dict[str, paramiko.PKey | None] = {}
         self.connections: dict[str, fabric.Connection] = {
             label: self._connect(w, report) for label, w in self.workers.items()
         }
+        for warning in skipped_warnings(self._known_hosts.values()):
+            report(warning)
+        if self._unstrict:
+            shown = ", ".join(self._unstrict[:10])
+            shown += f" and {len(self._unstrict) - 10} more" if len(self._unstrict) > 10 else ""
+            report(
+                f"warning: StrictHostKeyChecking no for {shown}: treated as accept-new, so a "
+                "new host key is accepted unverified and remembered, but a changed one is "
+                "still refused (it may be a man in the middle)"
+            )
 
     def _config(self, block: str) -> fabric.Config:
         if block not in self._configs:
@@ -113,28 +143,94 @@ class Fleet:
                 f"{worker.host}: ssh option {key} is not supported by Fabric/paramiko "
                 "and is ignored"
             )
-        timeout = self.settings.connect_timeout
-        connection = fabric.Connection(
-            worker.ssh_target,
-            user=worker.ssh.user,
-            port=worker.ssh.port,
-            config=self._config(block),
-            connect_timeout=int(max(1, timeout)),
-            connect_kwargs={
-                "banner_timeout": timeout,
-                "auth_timeout": timeout,
-                "channel_timeout": timeout,
-                **self._identity_kwargs(worker),
-            },
-        )
+        try:
+            connection = fabric.Connection(
+                worker.ssh_target,
+                user=worker.ssh.user,
+                port=worker.ssh.port,
+                config=self._config(block),
+                connect_kwargs=self._identity_kwargs(worker),
+            )
+        except ValueError as exc:  # Fabric's int() of a jump host's ConnectTimeout
+            raise FdlError(f"{worker.host}: its ssh configuration is not usable: {exc}") from None
+        hops: list[_Hop] = []
         hop: Any = connection
         while isinstance(hop, fabric.Connection):  # the target and each ProxyJump hop
-            # paramiko has no setter: share one parsed known_hosts instead of N copies
+            budget = self._budget(worker.host, hop)
+            hop.connect_timeout = budget
+            hop.connect_kwargs = {
+                **hop.connect_kwargs,
+                "banner_timeout": budget,
+                "auth_timeout": budget,
+                "channel_timeout": budget,
+            }
+            options = host_key_options(
+                worker.host,
+                hop.ssh_config,
+                {"h": hop.host, "p": str(hop.port), "r": hop.user, "n": hop.original_host},
+                self.settings.known_hosts,
+                self.settings.global_known_hosts,
+            )
+            unstrict = options.said.lower() in ("no", "off", "false")
+            if unstrict and worker.host not in self._unstrict:
+                self._unstrict.append(worker.host)
+            view = self._view(options)
+            # paramiko has no setter: share parsed known_hosts files instead of N copies
             hop.client._system_host_keys = self._no_system_keys
-            hop.client._host_keys = self._known_hosts
-            hop.client.set_missing_host_key_policy(self._policy)
+            hop.client._host_keys = view
+            hop.client.set_missing_host_key_policy(self._policy(options, view))
+            name = hop.host if hop.port == 22 else f"[{hop.host}]:{hop.port}"
+            hops.append(_Hop(hop, name, view, "jump host " if hops else ""))
             hop = hop.gateway
+        self._hops[worker.host] = hops
+        self._budgets[worker.host] = hops[0].connection.connect_timeout
         return connection
+
+    def _budget(self, label: str, hop: fabric.Connection) -> float:
+        """The hop's ``ConnectTimeout`` if its ssh_config has one, else the setting."""
+        value = hop.ssh_config.get("connecttimeout")
+        if value is None:
+            return self.settings.connect_timeout
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = 0.0
+        if not 0 < seconds < float("inf"):
+            raise FdlError(
+                f"{label}: ConnectTimeout {value!r} (for {hop.host}) must be a positive "
+                "number of seconds"
+            )
+        return seconds
+
+    def _view(self, options: HostKeyOptions) -> KnownHostsView:
+        """The known_hosts files a host reads, each parsed once for the whole fan-out."""
+        files = (options.user_files, options.global_files)
+        if files not in self._views:
+            for path in {*options.user_files, *options.global_files} - set(self._known_hosts):
+                self._known_hosts[path] = KnownHosts(path)
+            self._views[files] = KnownHostsView(
+                [self._known_hosts[p] for p in options.user_files],
+                [self._known_hosts[p] for p in options.global_files],
+            )
+        return self._views[files]
+
+    def _policy(self, options: HostKeyOptions, view: KnownHostsView) -> TrustOnFirstUse:
+        if options not in self._policies:
+            self._policies[options] = TrustOnFirstUse(
+                view, options.strict, options.hashed, options.said
+            )
+        return self._policies[options]
+
+    def _failure(self, label: str, exc: BaseException) -> Failure:
+        """One line for a host's failure; a changed key names the hop and the file."""
+        if isinstance(exc, paramiko.BadHostKeyException):
+            hops = [h for h in self._hops[label] if h.connection.host == exc.hostname]
+            hop = next(  # paramiko does not say which port: the hop that knows the old key
+                (h for h in hops if h.view.source_of(h.name, exc.expected_key) is not None),
+                (hops or self._hops[label])[0],
+            )
+            exc = explain_refusal(exc, hop.name, hop.view, hop.what)
+        return describe_failure(exc, self.workers[label], self._budgets[label])
 
     def open(self, labels: Iterable[str]) -> dict[str, Failure]:
         """Handshake with these hosts, ``ssh_window`` at a time; the ones that failed.
@@ -148,7 +244,7 @@ class Fleet:
             try:
                 self.connections[label].open()
             except Exception as exc:  # any handshake failure is that host's failure
-                self.failed[label] = describe_failure(exc, self.settings, self.workers[label])
+                self.failed[label] = self._failure(label, exc)
                 self.connections[label].close()
 
         if todo:
@@ -206,7 +302,7 @@ class Fleet:
         for label in labels:
             result = results[self.connections[label]]
             if isinstance(result, BaseException):
-                outcomes[label] = describe_failure(result, self.settings, self.workers[label])
+                outcomes[label] = self._failure(label, result)
             else:
                 outcomes[label] = Reply(result.stdout, result.stderr, result.exited)
         return outcomes

@@ -132,3 +132,18 @@ class Settings:
 
 #: The ``fdl`` namespace's defaults, for ``ns.configure``.
 DEFAULTS: dict[str, Any] = attrs.asdict(Settings())
+
+
+def namespace_defaults() -> dict[str, Any]:
+    """The defaults for ``ns.configure``, numbers as text.
+
+    Invoke casts an ``INVOKE_FDL_*`` variable to its default's type itself, and
+    ``int("x")`` would be a traceback inside Invoke; as text, the value reaches
+    :meth:`Settings.from_config`, whose checks say what is wrong in one line.
+    """
+    return {
+        name: str(value)
+        if isinstance(value, int | float) and not isinstance(value, bool)
+        else value
+        for name, value in DEFAULTS.items()
+    }

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit, ParseError
-from invoke.parser import Argument
+from invoke.parser.argument import Argument
 from invoke.tasks import Task, task
 
-from fdl_tasks import pipeline
+import fdl_tasks.pipeline as pipeline
 from fdl_tasks.binaries import check_binary
 from fdl_tasks.clean import clean_target_tree, stale_warning
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, encode
@@ -30,7 +30,7 @@ from fdl_tasks.errors import FdlError, Stopped
 from fdl_tasks.launch import launch as launch_on_workers
 from fdl_tasks.rules import check_command
 from fdl_tasks.run import Run
-from fdl_tasks.settings import DEFAULTS
+from fdl_tasks.settings import namespace_defaults
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,7 +48,7 @@ HELP = {
 }
 
 
-class CheckedArgument(Argument):  # type: ignore[misc]
+class CheckedArgument(Argument):
     """An option whose value Invoke casts (``--jobs abc``): a usage error, never a traceback."""
 
     def set_value(self, value: Any, cast: bool = True) -> None:
@@ -140,7 +140,9 @@ def preflight(
     json: bool = False,
 ) -> None:
     """Probe every host (ssh, in parallel) for readiness before any build."""
-    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host)
+    run = Run.start(
+        c, cluster_file=cluster_file, controller_host=controller_host, label="preflight"
+    )
     pipeline.preflight(run, abi=not no_prebuild, as_json=json)
 
 
@@ -268,7 +270,7 @@ def launch(
 ) -> None:
     """Run the prebuilt CMD on every remote worker (arguments after --); lines prefixed [host]."""
     command = require_command(cmd)
-    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host)
+    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host, label="launch")
     launch_on_workers(run, command, _remainder_args())
 
 
@@ -288,9 +290,9 @@ def clean(
     all: bool = False,
 ) -> None:
     """Remove target dirs under target/cluster/ that no current host, variant or image uses."""
-    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host)
+    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host, label="clean")
     clean_target_tree(run, list_only=dry or run.dry, everything=all)
 
 
 ns = Collection(preflight, build_host, prebuild, launch, clean)
-ns.configure({"fdl": dict(DEFAULTS)})
+ns.configure({"fdl": namespace_defaults()})

@@ -3,8 +3,10 @@
 The image is a Debian bookworm ``minbase`` rootfs (plus gcc/libc6-dev, which
 cargo needs as its linker) made with ``debootstrap`` from the apt mirror this
 machine is already configured with, then ``docker import``-ed.  No registry is
-involved.  Rust itself is not in the image: :func:`toolchain_run_args` bind-
-mounts the host's rustup toolchain read-only into every container.
+involved.  Rust: where the host has a rustup toolchain, :func:`toolchain_run_args`
+bind-mounts it read-only into every container and the image has none; where it
+has none (a stock Debian), the image gets Debian's own ``rustc-web`` and
+``cargo-web`` (bookworm's, 1.85) and the mounts are empty (:func:`image_packages`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ __all__ = [
     "apt_mirror",
     "ensure_builder_image",
     "ensure_dockerd",
+    "host_toolchain",
     "image_exists",
+    "image_packages",
     "rootfs_tarball",
     "run_logged",
     "toolchain_env",
@@ -41,6 +45,10 @@ __all__ = [
 BUILDER_IMAGE = "fdl-rig-builder"
 SUITE = "bookworm"
 INCLUDE_PACKAGES = ("gcc", "libc6-dev")
+#: Debian's Rust, in the image only where the host has no rustup toolchain to mount.
+RUST_PACKAGES = ("rustc-web", "cargo-web")
+#: The image's package list, so that an image of another list is imported anew.
+PACKAGES_LABEL = "fdl-rig.builder-packages"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 CACHE_DIR = Path(os.environ.get("FDL_RIG_CACHE", "/var/cache/fdl-rig"))
@@ -203,9 +211,29 @@ def image_exists(ref: str) -> bool:
     return proc.returncode == 0
 
 
-def rootfs_tarball() -> Path:
-    """Path of the cached rootfs tarball (may not exist yet)."""
-    return CACHE_DIR / f"{SUITE}-minbase-{'-'.join(INCLUDE_PACKAGES)}.tar"
+def image_packages() -> tuple[str, ...]:
+    """``debootstrap --include`` list: with Debian's Rust unless the host's is mounted."""
+    if host_toolchain() is not None:
+        return INCLUDE_PACKAGES
+    return (*INCLUDE_PACKAGES, *RUST_PACKAGES)
+
+
+def rootfs_tarball(packages: Sequence[str] = INCLUDE_PACKAGES) -> Path:
+    """Path of the cached rootfs tarball with ``packages`` (may not exist yet)."""
+    return CACHE_DIR / f"{SUITE}-minbase-{'-'.join(packages)}.tar"
+
+
+def _image_label(ref: str, label: str) -> str | None:
+    """The image's ``label`` (``""`` without one), ``None`` if there is no such image."""
+    proc = subprocess.run(
+        ["docker", "image", "inspect", "-f", f'{{{{ index .Config.Labels "{label}" }}}}', ref],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip().replace("<no value>", "")
 
 
 def run_logged(cmd: list[str], what: str) -> None:
@@ -216,7 +244,7 @@ def run_logged(cmd: list[str], what: str) -> None:
         raise RuntimeError(f"{what} failed with status {proc.returncode}:\n{tail}")
 
 
-def _build_rootfs_tarball(dest: Path) -> None:
+def _build_rootfs_tarball(dest: Path, packages: Sequence[str]) -> None:
     if os.geteuid() != 0:
         raise RuntimeError("building the builder rootfs with debootstrap needs root")
     if shutil.which("debootstrap") is None:
@@ -229,7 +257,7 @@ def _build_rootfs_tarball(dest: Path) -> None:
             [
                 "debootstrap",
                 "--variant=minbase",
-                f"--include={','.join(INCLUDE_PACKAGES)}",
+                f"--include={','.join(packages)}",
                 SUITE,
                 str(rootfs),
                 mirror,
@@ -248,31 +276,38 @@ def _build_rootfs_tarball(dest: Path) -> None:
 
 
 def ensure_builder_image(name: str = BUILDER_IMAGE, tags: Sequence[str] = ("latest",)) -> str:
-    """Make sure ``name:tag`` exists for every tag in ``tags``; return ``name``.
+    """Make sure ``name:tag`` exists for every tag in ``tags``, of :func:`image_packages`.
 
-    All tags point at the same image.  The rootfs tarball is cached under
-    :data:`CACHE_DIR`, so a fresh docker daemon re-imports it without running
-    debootstrap again.
+    All tags point at the same image; a tag of an image with another package
+    list (:data:`PACKAGES_LABEL`) is moved to a fresh import.  The rootfs tarball
+    is cached under :data:`CACHE_DIR`, so a fresh docker daemon re-imports it
+    without running debootstrap again.  Returns ``name``.
     """
     wanted = list(dict.fromkeys(tags)) or ["latest"]
-    present = [t for t in wanted if image_exists(f"{name}:{t}")]
-    if len(present) == len(wanted):
+    packages = image_packages()
+    label = ",".join(packages)
+    labels = {tag: _image_label(f"{name}:{tag}", PACKAGES_LABEL) for tag in wanted}
+    current = [tag for tag in wanted if labels[tag] == label]
+    if len(current) == len(wanted):
         return name
-    if present:
-        source = f"{name}:{present[0]}"
+    stale = {_image_id(f"{name}:{tag}") for tag in wanted if labels[tag] is not None}
+    if current:
+        source = f"{name}:{current[0]}"
     else:
         source = f"{name}:{wanted[0]}"
-        tarball = rootfs_tarball()
+        tarball = rootfs_tarball(packages)
         if not tarball.is_file():
-            _build_rootfs_tarball(tarball)
+            _build_rootfs_tarball(tarball, packages)
+        changes = [
+            f"ENV PATH={SYSTEM_PATH}",
+            'CMD ["/bin/bash"]',
+            f"LABEL {PACKAGES_LABEL}={label}",
+        ]
         run_logged(
             [
                 "docker",
                 "import",
-                "--change",
-                f"ENV PATH={SYSTEM_PATH}",
-                "--change",
-                'CMD ["/bin/bash"]',
+                *[a for c in changes for a in ("--change", c)],
                 str(tarball),
                 source,
             ],
@@ -280,9 +315,21 @@ def ensure_builder_image(name: str = BUILDER_IMAGE, tags: Sequence[str] = ("late
         )
     for tag in wanted:
         ref = f"{name}:{tag}"
-        if ref != source and not image_exists(ref):
+        if ref != source and tag not in current:
             run_logged(["docker", "tag", source, ref], f"docker tag {source} {ref}")
+    for image_id in stale - {_image_id(source), ""}:  # untagged now, unless another name has it
+        subprocess.run(["docker", "image", "rm", image_id], capture_output=True, check=False)
     return name
+
+
+def _image_id(ref: str) -> str:
+    proc = subprocess.run(
+        ["docker", "image", "inspect", "-f", "{{.Id}}", ref],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.stdout.strip()
 
 
 # ------------------------------------------------------------------ toolchain
@@ -327,16 +374,25 @@ def _active_toolchain(rustup_home: Path) -> str:
     raise RuntimeError(f"cannot find an installed rust toolchain under {rustup_home}")
 
 
+def host_toolchain() -> str | None:
+    """The host's active rustup toolchain (its directory name), ``None`` without rustup."""
+    try:
+        return _active_toolchain(_host_rustup_home())
+    except RuntimeError:
+        return None
+
+
 def toolchain_mounts() -> list[str]:
     """``SOURCE:TARGET:ro`` volumes that bring the host's Rust toolchain into a container.
 
     Host ``~/.rustup`` -> ``/opt/rustup`` and ``~/.cargo`` -> ``/opt/cargo``,
-    outside ``/root`` so that any ``--user`` can traverse them.
+    outside ``/root`` so that any ``--user`` can traverse them.  None without a
+    rustup toolchain on the host: the image has Debian's Rust then.
     """
+    if host_toolchain() is None:
+        return []
     rustup_home = _host_rustup_home()
     cargo_home = _host_cargo_home()
-    if not (rustup_home / "toolchains").is_dir():
-        raise RuntimeError(f"no rustup toolchains under {rustup_home}")
     mounts = [f"{rustup_home.resolve()}:{CONTAINER_RUSTUP_HOME}:ro"]
     if cargo_home.is_dir():
         mounts.append(f"{cargo_home.resolve()}:{CONTAINER_CARGO_BIN}:ro")
@@ -348,9 +404,13 @@ def toolchain_env() -> dict[str, str]:
 
     ``PATH`` starts with the active toolchain's own ``bin`` (no rustup proxy
     needed); ``CARGO_HOME`` and ``HOME`` are writable directories under
-    ``/tmp``, so a ``--user UID:GID`` without a passwd entry works too.
+    ``/tmp``, so a ``--user UID:GID`` without a passwd entry works too.  Without
+    a host toolchain, ``PATH`` is the image's, which has Debian's cargo.
     """
-    toolchain = _active_toolchain(_host_rustup_home())
+    common = {"CARGO_HOME": CONTAINER_CARGO_HOME, "HOME": CONTAINER_HOME}
+    toolchain = host_toolchain()
+    if toolchain is None:
+        return {**common, "PATH": SYSTEM_PATH, "CARGO_NET_OFFLINE": "true"}
     tc_bin = f"{CONTAINER_RUSTUP_HOME}/toolchains/{toolchain}/bin"
     return {
         "RUSTUP_HOME": CONTAINER_RUSTUP_HOME,

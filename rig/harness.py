@@ -125,11 +125,17 @@ def isolated_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def rig_env(root: Path, known_hosts: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Isolated, the controller labelled ``ctrl``, host keys in ``known_hosts``, no ssh config."""
+    """Isolated, the controller labelled ``ctrl``, host keys in ``known_hosts``, no ssh config.
+
+    Nor the machine's ``/etc/ssh/ssh_known_hosts``: the global known_hosts is a file
+    of ``root`` that does not exist unless the test writes it
+    (``INVOKE_FDL_GLOBAL_KNOWN_HOSTS`` in ``extra`` points elsewhere).
+    """
     return isolated_env(
         {
             "FLODL_HOST_NAME": "ctrl",
             "INVOKE_FDL_KNOWN_HOSTS": str(known_hosts),
+            "INVOKE_FDL_GLOBAL_KNOWN_HOSTS": str(root / "no-global-known-hosts"),
             "INVOKE_FDL_SSH_CONFIG": str(root / "no-ssh-config"),
             "INVOKE_FDL_SYSTEM_SSH_CONFIG": str(root / "no-system-ssh-config"),
             **(extra or {}),

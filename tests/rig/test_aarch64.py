@@ -9,13 +9,18 @@ variant is an aarch64 stub in a directory of its own
 (:mod:`rig.cross`), which also cross-builds the binary. So the binary that
 prebuild verifies and launch runs there is a real aarch64 program.
 
-Native cargo mode is not tested here when the controller's rustc has no
-aarch64 std (rustup's toolchain here has none, and ``rustup target add``
-needs the network): :func:`test_native_cross_build` skips, saying so.
+Native cargo mode needs a controller toolchain with an aarch64 std.  rustup's
+toolchain here has none (``rustup target add`` needs the network), so
+:func:`test_native_cross_build` uses the first of the rustc on ``PATH`` and
+Debian's ``rustc-web`` (``/usr/bin``, with ``libstd-rust-web-dev:arm64``, both
+installed by ``scripts/setup``) that has one, put first on ``PATH`` for that
+``inv`` run as a controller whose cargo is Debian's would have it.  It skips,
+saying why, only where neither has one.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from elftools.elf.elffile import ELFFile
 
 from fdl_tasks.envelope import PerHostEnvelope, decode
 from fdl_tasks.rules import GNU_TARGETS
@@ -48,7 +54,7 @@ ARCHS = {
 }
 X86_VARIANTS = ["precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu"]
 FAST_RETRY = {"INVOKE_FDL_VERIFY_RETRIES": "1", "INVOKE_FDL_VERIFY_RETRY_DELAY": "0.2"}
-ENVELOPE = "target/cluster/_envelope.json"
+ENVELOPE = "target/cluster/_envelopes/ddp-bench.json"
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +99,15 @@ def envelopes(rig: RigCluster) -> dict[str, PerHostEnvelope]:
     return decode((rig.project / ENVELOPE).read_text(), ENVELOPE)
 
 
-def assert_cross_prebuild_and_launch(rig: RigCluster, path: Path, tool: str) -> None:
+def assert_cross_prebuild_and_launch(
+    rig: RigCluster, path: Path, tool: str, env: dict[str, str] | None = None
+) -> None:
     """One prebuild, three builds for four hosts, all verified; launch runs every variant."""
-    done = rig.inv(*prebuild_args(path))
+    done = rig.inv(*prebuild_args(path), env=env)
     assert done.returncode == 0, done.stderr
     assert f"prebuild: 3 build(s) with {tool}," in done.stderr
     assert f"{ARM_ARCH} (aarch64)" in done.stderr  # the summary names the cross build
-    assert "verify: 4 host(s) see the same bytes, every library resolves" in done.stderr
+    assert "verify: 4 host(s) verified (same bytes, every library resolves)\n" in done.stderr
     entries = envelopes(rig)
     assert entries["gh200"].bin.endswith("-aarch64-aarch64/release/ddp-bench")
     assert elf_machine(rig.project / entries["gh200"].bin) == "aarch64"
@@ -199,26 +207,85 @@ def test_x86_binary_where_the_aarch64_host_expects_its_own_is_refused(rig: RigCl
     assert f"gh200: {copy} differs from the controller's build" in stderr
 
 
-def native_cross_problem() -> str | None:
-    """Why native cargo cannot build for aarch64 on this controller (``None``: it can)."""
-    target, linker = GNU_TARGETS["aarch64"]
-    if shutil.which(linker) is None:
-        return f"no {linker} on PATH"
-    answer = subprocess.run(
-        ["rustc", "--print", "target-libdir", "--target", target],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+#: Debian's own toolchain (``rustc-web``, ``cargo-web``), which ``libstd-rust-web-dev:arm64``
+#: gives an aarch64 std; tried after the rustc on ``PATH``.
+DEBIAN_RUST_BIN = Path("/usr/bin")
+RUST_TOOLS = ("cargo", "rustc", "rustdoc")
+
+
+def aarch64_std_problem(rustc: str) -> str | None:
+    """Why ``rustc`` cannot build for aarch64 (``None``: its sysroot has an aarch64 std)."""
+    target, _ = GNU_TARGETS["aarch64"]
+    try:
+        answer = subprocess.run(
+            [rustc, "--print", "target-libdir", "--target", target],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    except OSError as exc:
+        return f"{rustc}: {exc.strerror}"
     libdir = Path(answer.stdout.strip())
     if answer.returncode != 0 or not any(libdir.glob("libstd-*")):
-        return f"the controller's rustc has no {target} std (rustup target add needs the network)"
+        return f"{rustc} has no {target} std"
     return None
 
 
+def native_cross_toolchain(bin_dir: Path) -> tuple[dict[str, str], str | None]:
+    """The ``inv`` environment for a native aarch64 cross build, and why there is none.
+
+    ``({}, None)`` when the controller's own ``rustc`` on ``PATH`` can do it.
+    Otherwise Debian's ``/usr/bin`` toolchain, if it has an aarch64 std: ``bin_dir``
+    gets ``cargo``, ``rustc`` and ``rustdoc`` that exec Debian's, and goes first on
+    ``PATH`` (``/usr/bin`` itself first would shadow everything else too).
+    """
+    _, linker = GNU_TARGETS["aarch64"]
+    if shutil.which(linker) is None:
+        return {}, f"no {linker} on PATH (apt-get install gcc-aarch64-linux-gnu)"
+    on_path = shutil.which("rustc")
+    problems = []
+    if on_path is not None:
+        problem = aarch64_std_problem(on_path)
+        if problem is None:
+            return {}, None
+        problems.append(problem)
+    debian = DEBIAN_RUST_BIN / "rustc"
+    if not (DEBIAN_RUST_BIN / "cargo").is_file() or not debian.is_file():
+        problems.append(f"no Debian toolchain in {DEBIAN_RUST_BIN} (apt-get install cargo-web)")
+        return {}, "; ".join(problems)
+    problem = aarch64_std_problem(str(debian))
+    if problem is not None:
+        problems.append(f"{problem} (apt-get install libstd-rust-web-dev:arm64)")
+        return {}, "; ".join(problems)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for tool in RUST_TOOLS:  # not symlinks: rustc finds its sysroot from the path it ran as
+        wrapper = bin_dir / tool
+        wrapper.write_text(f'#!/bin/sh\nexec {DEBIAN_RUST_BIN / tool} "$@"\n')
+        wrapper.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}, None
+
+
 def test_native_cross_build(rig: RigCluster) -> None:
-    problem = native_cross_problem()
+    env, problem = native_cross_toolchain(rig.root / "debian-rust-bin")
     if problem is not None:
         pytest.skip(f"native cross build not possible here: {problem}")
     path = cluster_file(rig, "native.yaml", None, {})
-    assert_cross_prebuild_and_launch(rig, path, "native cargo")
+    assert_cross_prebuild_and_launch(rig, path, "native cargo", env)
+    # Built by the toolchain chosen above: rustc records its version in ``.comment``.
+    rustc = subprocess.run(
+        ["rustc", "--version"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[1]
+    binary = rig.project / envelopes(rig)["gh200"].bin
+    assert f"rustc version {rustc} ".encode() in elf_comment(binary)
+
+
+def elf_comment(binary: Path) -> bytes:
+    """The ELF file's ``.comment`` section (compilers' version strings)."""
+    with binary.open("rb") as stream:
+        section = ELFFile(stream).get_section_by_name(".comment")
+        return b"" if section is None else section.data()

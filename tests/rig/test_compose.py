@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fdl_tasks.commands import compose_command
+from fdl_tasks.backends.compose import compose_command
+from fdl_tasks.containers import remove_containers
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import ComposeService
@@ -35,6 +37,10 @@ HOSTS = [
     HostSpec("gb-2", "127.0.0.96"),
     HostSpec("pascal", "127.0.0.97"),
 ]
+#: Seconds the builds stopped by a signal would last, and the budget for that stop:
+#: far apart, so that only a real stop (not builds ending on their own) meets it.
+BUILD_SLEEP = 180
+STOP_BUDGET = 10
 ARCHS = {"gb-1": "precompiled/cu128", "gb-2": "precompiled/cu128", "pascal": "builds/sm61-sm120"}
 
 
@@ -118,7 +124,9 @@ def test_compose_run_writes_files_as_the_invoking_user(rig: RigCluster) -> None:
     cluster = load_cluster(flodl_cluster_file(rig))
     compose = cluster.controller.docker
     assert isinstance(compose, ComposeService)
-    job = plan_builds([cluster.worker("pascal")], compose, "ddp-bench", "ddp-bench", False)[0]
+    job = plan_builds(
+        [cluster.worker("pascal")], cluster.controller, "ddp-bench", "ddp-bench", False
+    )[0]
     target = rig.project / job.target_dir
     target.mkdir(parents=True)
     os.chown(target, 4321, 4321)
@@ -147,12 +155,32 @@ def test_missing_service_fails_before_any_build(rig: RigCluster) -> None:
 
 def test_sigterm_removes_every_compose_container(rig: RigCluster) -> None:
     path = flodl_cluster_file(rig)
-    run = rig.background(*prebuild_args(path, "--no-cache"), env={"FDL_FIXTURE_BUILD_SLEEP": "60"})
+    run = rig.background(
+        *prebuild_args(path, "--no-cache"), env={"FDL_FIXTURE_BUILD_SLEEP": str(BUILD_SLEEP)}
+    )
     run.wait_for(lambda: "(run " in run.stderr and run.stderr.count(" started") == 2, timeout=90)
     run_id = run.stderr.split("(run ", 1)[1].split(":", 1)[0]
-    run.wait_for(lambda: len(containers(f"fdl-tasks.run={run_id}")) == 2, timeout=60)
+    label = f"fdl-tasks.run={run_id}"
+    run.wait_for(lambda: len(containers(label)) == 2, timeout=60)
     run.process.send_signal(signal.SIGTERM)
-    assert run.finish(timeout=60) == 1
-    assert "no envelope was published" in run.stderr
-    assert containers(f"fdl-tasks.run={run_id}") == []
-    assert not (rig.project / "target/cluster/_envelope.json").exists()
+    signalled = time.monotonic()
+    deadline = signalled + STOP_BUDGET
+    while time.monotonic() < deadline and (run.process.poll() is None or containers(label)):
+        time.sleep(0.2)
+    code, left, checked = run.process.poll(), containers(label), time.monotonic()
+    state = "still running" if code is None else f"exited {code}"
+    problem = (
+        f"{checked - signalled:.1f}s after SIGTERM: inv {state}, {len(left)} container(s) left"
+    )
+    if code is None or left:  # fail now, without waiting out the builds
+        run.process.kill()
+        remove_containers(label)
+    assert code == 130 and not left, f"{problem}\n{run.stderr}"  # 130: stopped, not failed
+    # Each build started after inv did, so none could have ended on its own by now.
+    assert checked < run.started + BUILD_SLEEP, f"checked too late to tell: {problem}"
+    run.finish()
+    assert "interrupted: every build of this run was stopped; no envelope was published" in (
+        run.stderr
+    )
+    assert "Traceback" not in run.stderr
+    assert not (rig.project / "target/cluster/_envelopes/ddp-bench.json").exists()

@@ -6,6 +6,7 @@ that is a separate copy of the tree; an old glibc by the rig's ``ldd`` shim.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import threading
 import time
@@ -67,10 +68,16 @@ def test_stale_copy_is_caught_and_nothing_published(rig: RigCluster) -> None:
     done = prebuild(rig, cluster(rig, "stale.yaml", fresh=rig.project, lagging=view))
     assert done.returncode == 1
     assert "delivery verification failed; no envelope was published" in done.stderr
-    assert f"lagging: {stale} differs from the controller's build" in done.stderr
-    assert "stale or lagging shared mount" in done.stderr
+    remote = hashlib.sha256(stale.read_bytes()).hexdigest()
+    controller = hashlib.sha256((rig.project / BIN.format(host="lagging")).read_bytes())
+    mismatch = (
+        f"  lagging: {stale} differs from the controller's build (remote sha256 "
+        f"{remote[:16]}…, controller {controller.hexdigest()[:16]}…): "
+        "stale or lagging shared mount"
+    )
+    assert mismatch in done.stderr.splitlines(), f"no line {mismatch!r} in:\n{done.stderr}"
     assert "fresh:" not in done.stderr.split("verification failed")[1]
-    assert not (rig.project / "target/cluster/_envelope.json").exists()
+    assert not (rig.project / "target/cluster/_envelopes/ddp-bench.json").exists()
 
 
 def test_missing_binary_and_missing_library_are_named(rig: RigCluster) -> None:
@@ -115,7 +122,7 @@ def test_lagging_mount_that_catches_up_passes_within_the_retry(rig: RigCluster) 
     )
     thread.join()
     assert done.returncode == 0, done.stderr
-    assert "verify: 1 host(s) see the same bytes" in done.stderr
+    assert "verify: 1 host(s) verified (same bytes, every library resolves)\n" in done.stderr
 
 
 def test_glibc_shortfall_is_an_error_naming_both_versions(rig: RigCluster) -> None:
@@ -139,11 +146,11 @@ def test_launch_runs_each_hosts_own_binary(rig: RigCluster) -> None:
         assert f"[{host}] ddp-bench variant={ARCH} cuda=on" in done.stdout
         assert f"[{host}] args=--data-dir my data" in done.stdout
     wrong = rig.inv("launch", "--cmd", "other", "--cluster-file", str(path))
-    assert wrong.returncode == 1 and "not 'other'" in wrong.stderr
+    assert wrong.returncode == 1 and "'other' has no published envelope" in wrong.stderr
     more = cluster(rig, "more.yaml", fresh=rig.project, nolib=rig.project)
     stale = rig.inv("launch", "--cmd", "ddp-bench", "--cluster-file", str(more))
     assert stale.returncode == 1 and "nolib has no entry" in stale.stderr
-    envelope = rig.project / "target/cluster/_envelope.json"
+    envelope = rig.project / "target/cluster/_envelopes/ddp-bench.json"
     envelope.write_text(envelope.read_text()[:40])  # truncated on disk
     broken = rig.inv("launch", "--cmd", "ddp-bench", "--cluster-file", str(path))
     assert broken.returncode == 1 and "not valid JSON" in broken.stderr

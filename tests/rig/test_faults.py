@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from fdl_tasks.containers import remove_containers
 from fdl_tasks.envelope import decode
 from rig.harness import RigCluster, Running, containers, inv_argv, prebuild_args, start_rig
 from rig.sshrig import HostSpec
@@ -33,10 +34,15 @@ HOSTS = [
     HostSpec("gamma", "127.0.0.72"),
 ]
 VARIANTS = ("precompiled/cu128", "precompiled/cu126", "precompiled/cpu")
-ENVELOPE = "target/cluster/_envelope.json"
+ENVELOPE = "target/cluster/_envelopes/ddp-bench.json"
 #: These tests need several builds in flight at once; with the compile cache the
 #: first build runs alone (so that the others can hit), which is not what they test.
 PARALLEL = {"INVOKE_FDL_COMPILE_CACHE": "0"}
+#: Seconds the interrupted builds would last: far beyond :data:`STOP_BUDGET`, so that
+#: only a real stop (not builds ending on their own) can meet that budget.
+BUILD_SLEEP = 120
+#: Seconds from the signal by which ``inv`` must have exited with no container left.
+STOP_BUDGET = 10
 
 
 @pytest.fixture(scope="module")
@@ -84,17 +90,54 @@ def build_processes(project: Path) -> list[str]:
     return found
 
 
+def run_label(run: Running) -> str:
+    """The label every container of that run carries, from its start line."""
+    match = re.search(r"\(run ([0-9a-f]+):", run.stderr)
+    assert match is not None, run.stderr
+    return f"fdl-tasks.run={match.group(1)}"
+
+
+def assert_stopped_in_time(run: Running, label: str, signalled: float, build_end: float) -> int:
+    """``inv`` has exited and no container with ``label`` is left, within :data:`STOP_BUDGET`
+    seconds of ``signalled`` and before ``build_end``, when no build could have ended on its own.
+
+    A run still there is killed and its containers removed before the assertion
+    fails, so a failure does not wait out the build either.
+    """
+    deadline = signalled + STOP_BUDGET
+    while time.monotonic() < deadline:
+        if run.process.poll() is not None and not containers(label):
+            break
+        time.sleep(0.2)
+    code, left, checked = run.process.poll(), containers(label), time.monotonic()
+    state = "still running" if code is None else f"exited {code}"
+    problem = (
+        f"{checked - signalled:.1f}s after the signal: inv {state}, "
+        f"{len(left)} container(s) labelled {label} left"
+    )
+    if code is None or left:
+        run.process.kill()
+        remove_containers(label)
+    assert code is not None and not left, f"{problem}\n{run.stderr}"
+    assert checked < build_end, f"checked too late to tell a stop from a finished build: {problem}"
+    return code
+
+
 def test_sigint_stops_every_build_container(rig: RigCluster) -> None:
-    path = cluster(rig, "int.yaml", docker=True, sleep=60)
+    path = cluster(rig, "int.yaml", docker=True, sleep=BUILD_SLEEP)
     run = rig.background(
         "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=PARALLEL
     )
     run.wait_for(lambda: len(run_containers(run, running=True)) >= 2)
+    label = run_label(run)
     run.process.send_signal(signal.SIGINT)
-    assert run.finish() != 0
+    signalled = time.monotonic()
+    # No build can end on its own before this: each started after inv did.
+    build_end = run.started + BUILD_SLEEP
+    assert assert_stopped_in_time(run, label, signalled, build_end) == 130  # stopped, not failed
+    run.finish()
     assert "interrupted: every build of this run was stopped" in run.stderr
     assert "Traceback" not in run.stderr
-    assert run_containers(run) == []
     assert not (rig.project / ENVELOPE).exists()
 
 
@@ -167,7 +210,10 @@ def test_host_disappearing_before_verification_is_a_warning(rig: RigCluster) -> 
     rig.rig.stop_host("beta")
     assert run.finish() == 0, run.stderr
     assert "verify: beta not verified:" in run.stderr
-    assert "verify: 3 host(s)" in run.stderr or "see the same bytes" in run.stderr
+    assert (
+        "verify: 2 host(s) verified (same bytes, every library resolves), 1 not verified: beta ("
+        in run.stderr
+    )
 
 
 def kill_sshd(config: Path) -> None:

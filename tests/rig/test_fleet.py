@@ -62,7 +62,9 @@ def test_prebuild_verifies_and_launch_runs_on_every_host(
     built = run_inv(root, "prebuild", "--cmd", "ddp-bench", "--json", env=env, timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
     assert "1 build(s) with native cargo" in built.stderr
-    assert f"verify: {HOSTS} host(s) see the same bytes" in built.stderr
+    assert (
+        f"verify: {HOSTS} host(s) verified (same bytes, every library resolves)\n" in built.stderr
+    )
     assert set(decode(built.stdout, "stdout")) == names()
     launched = run_inv(root, "launch", "--cmd", "ddp-bench", env=env, timeout=600)
     assert launched.returncode == 0, launched.stderr[-2000:]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, decode, encode
 from fdl_tasks.errors import FdlError
@@ -70,3 +75,44 @@ def test_unknown_fields_are_ignored_like_serde() -> None:
     """flodl's consumer struct has no deny_unknown_fields: a newer writer's field is skipped."""
     read = decode('{"h":{"bin":"b","ld_library_path":"/l","later":1}}', "x")
     assert read == {"h": PerHostEnvelope("b", "/l")}
+
+
+# Rust ``String``s are any Unicode scalar values: everything but surrogates, which
+# hypothesis' text() never draws. The consumer must read whatever serde writes.
+wire_text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40)
+entries = st.builds(PerHostEnvelope, wire_text, wire_text, wire_text)
+
+
+@given(st.dictionaries(wire_text, entries, max_size=5))
+def test_decode_reads_everything_encode_writes(envelopes: dict[str, PerHostEnvelope]) -> None:
+    """Control characters, quotes, U+2028, emoji: validation belongs to the cluster
+    file's edge, never to the wire format."""
+    text = encode(envelopes)
+    assert decode(text, "x") == envelopes
+    assert encode(decode(text, "x")) == text  # a reader's rewrite is byte for byte
+
+
+@given(st.dictionaries(wire_text, entries, max_size=5))
+def test_encoding_is_what_serde_json_writes(envelopes: dict[str, PerHostEnvelope]) -> None:
+    """serde_json's compact writer: keys of a BTreeMap sorted by their UTF-8 bytes, fields
+    in declaration order, an empty cwd_subpath skipped, UTF-8 unescaped, control
+    characters escaped as \\n, \\t, … or \\u00XX, nothing else escaped but '"' and '\\\\'."""
+    text = encode(envelopes)
+    hosts = sorted(envelopes, key=lambda host: host.encode())
+    assert list(json.loads(text)) == hosts
+    for host in hosts:
+        entry = json.loads(text)[host]
+        expected = ["bin", "ld_library_path"] + (
+            ["cwd_subpath"] if envelopes[host].cwd_subpath else []
+        )
+        assert list(entry) == expected
+    assert not any(ord(ch) < 0x20 for ch in text)  # every control character escaped
+    escapes = re.findall(r"\\u([0-9a-f]{4})", text.replace("\\\\", ""))
+    assert all(int(code, 16) < 0x20 for code in escapes)  # only C0 controls get \\u escapes
+
+
+def test_control_characters_round_trip() -> None:
+    envelopes = {"h\tx": PerHostEnvelope("a\tb", "/l\n", "\x01")}
+    text = encode(envelopes)
+    assert text == '{"h\\tx":{"bin":"a\\tb","ld_library_path":"/l\\n","cwd_subpath":"\\u0001"}}'
+    assert decode(text, "x") == envelopes
