@@ -48,7 +48,7 @@ class DistBench(CacheBench):
 
     def __init__(self, reps: int, docker: bool) -> None:
         super().__init__(reps, docker=docker)
-        self.farm = DistRig(STATE / "dist-rig", [ServerSpec()], scheduler_port=0)
+        self.farm = DistRig(STATE / "dist-rig", [ServerSpec()], scheduler_port=0, tied=True)
         self.remote: list[dict[str, str]] = []
 
     def up(self) -> None:

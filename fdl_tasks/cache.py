@@ -9,43 +9,33 @@ the container (:data:`CONTAINER_TARGET`), and the variant-dependent crates
 as they must. The final link is never cached.
 
 With ``controller.dist`` the same builds also send their compiles to an
-sccache-dist scheduler (see :mod:`fdl_tasks.dist`): the client configuration
-and a wrapper that compiles locally whatever fails remotely are written here,
-on the controller's disk, and mounted read-only into containers.
+sccache-dist scheduler (see :mod:`fdl_tasks.dist_client`): here, the variables
+and mounts that point the builds at its wrapper and client configuration.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import json
 import os
 import shlex
 import shutil
-import stat
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
 
-from fdl_tasks.dist import (
-    WRAPPER_SCRIPT,
-    SchedulerStatus,
-    check_token,
-    client_config,
-    describe_units,
-    fallback_units,
-    is_loopback_url,
-    parse_dist_status,
-    parse_scheduler_status,
-    scheduler_endpoint,
+from fdl_tasks.cache_stats import DIST_STATUS_FILE, FALLBACKS_FILE, STATS_FILE
+from fdl_tasks.dist_client import (
+    CONTAINER_DIST,
+    CONTAINER_TOOLCHAINS,
+    START_LOCK,
+    DistClient,
+    connect_client,
 )
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import DistSettings
-from fdl_tasks.values import InvalidValue
 
 #: Where a container sees its build's target dir: one path for every variant.
 CONTAINER_TARGET = "/fdl-target"
@@ -55,53 +45,6 @@ CONTAINER_SCCACHE = "/opt/fdl-sccache/sccache"
 CONTAINER_CACHE = "/fdl-sccache"
 #: A native build's server stops by itself after this long without work.
 NATIVE_IDLE_SECONDS = "300"
-#: Each build writes its hit counts here, in its target dir.
-STATS_FILE = "sccache-stats.json"
-#: ... and, with distributed compiles, sccache's view of the scheduler from inside the build
-DIST_STATUS_FILE = "sccache-dist-status.json"
-#: ... and the units compiled locally after their attempt through sccache failed.
-FALLBACKS_FILE = "sccache-dist-fallbacks.txt"
-#: Where a container sees the dist client's wrapper and configuration (read-only).
-CONTAINER_DIST = "/opt/fdl-sccache-dist"
-#: Where a container sees the toolchain archives sccache packs and ships (read-write).
-CONTAINER_TOOLCHAINS = "/fdl-sccache-toolchains"
-#: Locked while a build's sccache server starts (servers sharing the toolchain
-#: archives must not start together: each start empties sccache's scratch directory).
-START_LOCK = ".fdl-sccache-start.lock"
-#: Seconds the scheduler may take to answer before any build.
-SCHEDULER_TIMEOUT = 5.0
-
-
-@attrs.frozen
-class DistClient:
-    """The controller's side of distributed compiles: the scheduler, and the directory
-    (beside the cache, ``<cache>-dist``, mode 0700) holding the wrapper and the client
-    configuration for native builds (``native/``) and containers (``container/``), and
-    the toolchain archives sccache packs and ships (``toolchains/native``,
-    ``toolchains/container``: sccache knows a packed toolchain by the compiler's
-    contents alone, not its path, so the same rustc seen at another path in a
-    container must not find the native archive, whose paths it would not run)."""
-
-    scheduler_url: str
-    directory: str
-    token_env: str | None = None
-    status: SchedulerStatus | None = None
-
-    @property
-    def host_network(self) -> bool:
-        """A loopback scheduler (and the build servers it hands out) is reachable
-        from a container only on the host's network."""
-        return is_loopback_url(self.scheduler_url)
-
-    def path(self, *parts: str) -> str:
-        return os.path.join(self.directory, *parts)
-
-    def describe(self) -> str:
-        known = f" ({self.status.describe()})" if self.status else ""
-        return (
-            f"distributed compiles through the sccache-dist scheduler at "
-            f"{self.scheduler_url}{known}; a unit whose remote compile fails is compiled locally"
-        )
 
 
 @attrs.frozen
@@ -218,44 +161,6 @@ def with_stats(build: str, sccache: str, target_dir: str) -> str:
     )
 
 
-@attrs.frozen
-class CacheStats:
-    """What one build got from the cache, and with distributed compiles from the build
-    servers: ``dist`` is what sccache said of the scheduler from inside the build
-    (``SchedulerStatus`` when connected, ``NotConnected``…), ``None`` without dist;
-    ``remote`` its remote compiles, ``dist_errors`` remote attempts it compiled locally
-    itself, ``fallbacks`` the units the wrapper compiled locally after a failure."""
-
-    hits: int
-    misses: int
-    write_errors: int
-    dist: str | None = None
-    remote: int = 0
-    dist_errors: int = 0
-    fallbacks: tuple[str, ...] = ()
-
-    @property
-    def compiled(self) -> int:
-        """Units compiled (not answered from the cache), the local fallbacks included."""
-        return self.misses + len(self.fallbacks)
-
-    @property
-    def remote_ok(self) -> int:
-        """Units whose object came from a build server."""
-        return max(0, self.remote - len(self.fallbacks))
-
-    def describe(self) -> str:
-        calls = self.hits + self.misses
-        text = f"{self.hits}/{calls} hits" if calls else "no cacheable calls"
-        if self.dist is not None and self.dist != "Disabled" and self.compiled:
-            text += f", dist {self.remote_ok}/{self.compiled}"
-            if self.dist == "NotConnected":
-                text += " (scheduler unreachable from the build)"
-        if self.fallbacks:
-            text += f", compiled locally after a failure: {describe_units(self.fallbacks)}"
-        return text + (f", {self.write_errors} write errors" if self.write_errors else "")
-
-
 def stop_server(cache: CompileCache, server: str) -> None:
     """Stop one build's sccache server (a stopped native build leaves it behind)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -334,168 +239,5 @@ def open_cache(
         raise FdlError(f"cannot create the compile cache {cache.directory}: {exc}") from None
     if dist is None or cache.dist is None:
         return cache
-    say = report or (lambda line: None)
-    token, source = read_token(dist, say)
-    status = probe_scheduler(dist.scheduler_url, token, source)
-    if isinstance(status, str):
-        say(
-            f"warning: the sccache-dist scheduler at {dist.scheduler_url} does not answer "
-            f"({status}): this run compiles locally (with the cache); start the scheduler, "
-            "or remove controller.dist"
-        )
-        return attrs.evolve(cache, dist=None)
-    client = attrs.evolve(cache.dist, status=status)
-    if status is not None and status.servers == 0:
-        say(
-            f"warning: the sccache-dist scheduler at {dist.scheduler_url} has no build "
-            "server yet: compiles stay local until one registers"
-        )
-    _write_client_files(client, token)
-    say(f"compile cache: {client.describe()}")
+    client = connect_client(cache.dist, dist, report or (lambda line: None))
     return attrs.evolve(cache, dist=client)
-
-
-def read_token(dist: DistSettings, report: Callable[[str], None]) -> tuple[str, str]:
-    """The client token and where it came from (``controller.dist.token_file ~/x``).
-
-    Every message names the source and never shows the token.
-    """
-    if dist.token_env:
-        source = f"controller.dist.token_env ${dist.token_env}"
-        value = os.environ.get(dist.token_env)
-        if value is None:
-            raise FdlError(
-                f"{source}: the variable is not set in the environment of this run; "
-                f"export {dist.token_env} (the scheduler's client token) or use token_file."
-            )
-    else:
-        assert dist.token_file, "the loader requires token_file or token_env"
-        source = f"controller.dist.token_file {dist.token_file}"
-        path = Path(os.path.expanduser(dist.token_file))
-        try:
-            mode = path.stat().st_mode
-            value = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise FdlError(
-                f"{source}: cannot read {path}: {reason}. Put the scheduler's client "
-                "token there (one line, readable by you only: chmod 600)."
-            ) from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            report(
-                f"warning: {source}: {path} is readable by other users "
-                f"(mode {stat.S_IMODE(mode):o}); chmod 600 {shlex.quote(str(path))}"
-            )
-    try:
-        return check_token(value, source), source
-    except InvalidValue as exc:
-        raise FdlError(f"{exc}.") from None
-
-
-def probe_scheduler(
-    url: str, token: str, source: str, timeout: float = SCHEDULER_TIMEOUT
-) -> SchedulerStatus | str | None:
-    """Ask the scheduler, as sccache's client does: its status (no token needed),
-    then a job allocation with the token and no job in it (the scheduler checks the
-    token first: 401 or 403 when refused, 400 for the empty job when accepted).
-
-    Returns the status (``None`` if its encoding is not known), or why the
-    scheduler does not answer; a refused token is an :class:`FdlError`.
-    """
-    try:
-        with urllib.request.urlopen(scheduler_endpoint(url, "status"), timeout=timeout) as reply:
-            status = parse_scheduler_status(reply.read(4096))
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code} from {scheduler_endpoint(url, 'status')}"
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return str(reason)
-    request = urllib.request.Request(
-        scheduler_endpoint(url, "alloc_job"),
-        data=b"",
-        method="POST",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout):
-            pass
-    except urllib.error.HTTPError as exc:
-        if exc.code in (401, 403):
-            said = exc.read(200).decode("utf-8", "replace").strip()
-            raise FdlError(
-                f"controller.dist: the sccache-dist scheduler at {url} refused the client "
-                f"token from {source} (HTTP {exc.code}{': ' + said if said else ''}); use "
-                "the token of the scheduler's [client_auth] section."
-            ) from None
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return str(reason)
-    return status
-
-
-def _write_client_files(client: DistClient, token: str) -> None:
-    """``<cache>-dist/{native,container}/{sccache,client.toml}`` and ``toolchains/*``:
-    the directory 0700, the configurations (which hold the token) 0600."""
-    try:
-        root = Path(client.directory)
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        root.chmod(0o700)
-        toolchains = root / "toolchains"
-        toolchains.mkdir(exist_ok=True)
-        for name, toolchain_dir in (
-            ("native", str(toolchains / "native")),
-            ("container", CONTAINER_TOOLCHAINS),
-        ):
-            (toolchains / name).mkdir(exist_ok=True)
-            directory = root / name
-            directory.mkdir(exist_ok=True)
-            _write_private(directory / "sccache", WRAPPER_SCRIPT, 0o755)
-            config = client_config(client.scheduler_url, token, toolchain_dir)
-            _write_private(directory / "client.toml", config, 0o600)
-    except OSError as exc:
-        raise FdlError(
-            f"cannot write the sccache-dist client files under {client.directory}: {exc}"
-        ) from None
-
-
-def _write_private(path: Path, text: str, mode: int) -> None:
-    """Replace ``path`` atomically by a file created with ``mode`` (never wider first)."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.unlink(missing_ok=True)
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-        stream.write(text)
-    os.chmod(partial, mode)
-    os.replace(partial, path)
-
-
-def read_stats(target_dir: Path) -> CacheStats | None:
-    """The counts a build left in its target dir (``None`` if it left none)."""
-    try:
-        data = json.loads((target_dir / STATS_FILE).read_text(encoding="utf-8"))
-        stats = data["stats"]
-        hits = sum(stats["cache_hits"]["counts"].values())
-        misses = sum(stats["cache_misses"]["counts"].values())
-        remote = sum(stats.get("dist_compiles", {}).values())
-        dist_errors = int(stats.get("dist_errors", 0))
-        write_errors = int(stats.get("cache_write_errors", 0))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    dist = _read_text(target_dir / DIST_STATUS_FILE)
-    fallbacks = _read_text(target_dir / FALLBACKS_FILE)
-    return CacheStats(
-        hits,
-        misses,
-        write_errors,
-        dist=parse_dist_status(dist) if dist is not None else None,
-        remote=remote,
-        dist_errors=dist_errors,
-        fallbacks=fallback_units(fallbacks or ""),
-    )
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None

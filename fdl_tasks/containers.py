@@ -8,15 +8,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
 
 from fdl_tasks.commands import RUN_LABEL
 from fdl_tasks.errors import FdlError
+
+#: The labels compose puts on each network it creates: the project's name, the network's key.
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+COMPOSE_NETWORK_LABEL = "com.docker.compose.network"
+
+#: The configuration :func:`compose_images` just read, per (compose, root, variables):
+#: :func:`create_compose_networks` right after it takes it (once) instead of running
+#: ``compose config`` again.
+_just_read: dict[tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
 
 
 def _docker_client() -> Any:
@@ -84,7 +94,9 @@ def compose_images(
     images = set()
     for environment in {tuple(sorted(e.items())) for e in environments}:
         answer = _compose(compose_argv, ["config"], root, dict(environment), "config failed")
-        services = (yaml.safe_load(answer) or {}).get("services") or {}
+        config = yaml.safe_load(answer) or {}
+        _just_read[(tuple(compose_argv), root, environment)] = config
+        services = config.get("services") or {}
         if service not in services:
             raise FdlError(
                 f"cluster.yaml names the compose service {service!r}, but the "
@@ -103,9 +115,64 @@ def create_compose_networks(
 
     Compose creates them on first use, and two first uses at once race: both
     create ``<project>_default`` and every later run finds the name ambiguous.
+    The warm-up container that does it (about a second) runs only when one of
+    the service's networks does not exist yet, looked up by compose's own
+    labels; an existing network is never created again, so nothing can race.
     """
+    key = (tuple(compose_argv), root, tuple(sorted(environment.items())))
+    config = _just_read.pop(key, None)
+    if config is None:
+        answer = _compose(compose_argv, ["config"], root, environment, "config failed")
+        config = yaml.safe_load(answer) or {}
+    project = compose_project_name(config, root, environment)
+    if not _missing_networks(project, service_networks(config, service)):
+        return
     warm_up = ["run", "--rm", "-T", "--label", f"{RUN_LABEL}=warm-up", service, "true"]
     _compose(compose_argv, warm_up, root, environment, f"could not start {service!r}")
+
+
+def compose_project_name(
+    config: Mapping[str, Any], root: str, environment: Mapping[str, str]
+) -> str:
+    """The project name as compose computes it: the configuration's ``name`` (compose v2
+    prints it), else ``COMPOSE_PROJECT_NAME``, else the project directory's name; lower
+    case, only ``a-z0-9_-``, no leading ``_`` or ``-``."""
+    given = (
+        config.get("name")
+        or environment.get("COMPOSE_PROJECT_NAME")
+        or os.environ.get("COMPOSE_PROJECT_NAME")
+        or os.path.basename(os.path.abspath(root))
+    )
+    return re.sub(r"[^a-z0-9_-]", "", str(given).lower()).lstrip("_-")
+
+
+def service_networks(config: Mapping[str, Any], service: str) -> set[str]:
+    """The networks compose creates for ``service``: those it names (``default`` when it
+    names none), none under a ``network_mode``; an external one is not compose's to create."""
+    entry = (config.get("services") or {}).get(service) or {}
+    if entry.get("network_mode"):
+        return set()
+    declared = entry.get("networks") or ["default"]
+    top = config.get("networks") or {}
+    return {str(n) for n in declared if not (top.get(n) or {}).get("external")}
+
+
+def _missing_networks(project: str, networks: set[str]) -> set[str]:
+    """Which of the project's ``networks`` do not exist (all of them when Docker cannot say)."""
+    if not networks:
+        return set()
+    import docker as docker_sdk
+
+    try:
+        client = _docker_client()
+        try:
+            found = client.networks.list(filters={"label": f"{COMPOSE_PROJECT_LABEL}={project}"})
+        finally:
+            client.close()
+    except docker_sdk.errors.DockerException:
+        return networks
+    have = {(n.attrs.get("Labels") or {}).get(COMPOSE_NETWORK_LABEL) for n in found}
+    return networks - have
 
 
 def _compose(
@@ -149,3 +216,9 @@ def remove_containers(*labels: str) -> int:
             removed += 1
         client.close()
     return removed
+
+
+def user_ids() -> tuple[int, int]:
+    """The invoking user's uid and gid: files a container writes on the shared mount
+    must be theirs, not root's."""
+    return os.geteuid(), os.getegid()

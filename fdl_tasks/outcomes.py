@@ -8,7 +8,7 @@ import attrs
 import paramiko
 from invoke.exceptions import CommandTimedOut
 
-from fdl_tasks.hostkeys import HostKeyRefused
+from fdl_tasks.hostkey_policy import HostKeyRefused
 from fdl_tasks.model import Worker
 
 
@@ -28,7 +28,7 @@ class Failure:
     reason: str
     #: The host's key was refused: changed, ``@revoked``, or unknown where
     #: ``StrictHostKeyChecking`` is ``yes``. An error, never "unreachable".
-    host_key_changed: bool = False
+    host_key_refused: bool = False
 
 
 Outcome = Reply | Failure
@@ -41,12 +41,12 @@ def describe_failure(exc: BaseException, worker: Worker, connect_timeout: float)
     """
     where = f"{worker.ssh_target}:{worker.ssh.port or 22}"
     if isinstance(exc, HostKeyRefused):
-        return Failure(exc.reason, host_key_changed=True)
+        return Failure(exc.reason, host_key_refused=True)
     if isinstance(exc, paramiko.BadHostKeyException):
         return Failure(
             f"host key of {where} does not match the one remembered: it may be a man in "
             "the middle; if the host was reinstalled, remove the old key with ssh-keygen -R",
-            host_key_changed=True,
+            host_key_refused=True,
         )
     if isinstance(exc, CommandTimedOut):
         return Failure(f"no answer within {exc.timeout:g}s (command timed out)")

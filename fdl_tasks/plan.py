@@ -1,7 +1,7 @@
-"""Build plans: which builds to run for which hosts, and the exact command lines.
+"""Build plans: which builds to run for which hosts, in which target dirs.
 
 Pure logic. A :class:`BuildJob` is one cargo invocation; with shared builds,
-hosts whose builds would be identical share a job, and each still gets its
+hosts of one build environment share a job, and each still gets its
 binary at its own ``target/cluster/<host>/<arch-slug>/release/<cmd>``
 (:mod:`fdl_tasks.layout` names every path).
 """

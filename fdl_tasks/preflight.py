@@ -14,7 +14,7 @@ from fdl_tasks.probe import (
     BuildEnvironment,
     ProbeRequest,
     Verdict,
-    host_key_mismatch,
+    host_key_refused,
     judge,
     parse_facts,
     unreachable,
@@ -71,7 +71,7 @@ def probe_remotes(
     for host, request in requests.items():
         outcome = outcomes[host]
         if isinstance(outcome, Failure):
-            verdict = (host_key_mismatch if outcome.host_key_changed else unreachable)(
+            verdict = (host_key_refused if outcome.host_key_refused else unreachable)(
                 host, request, outcome.reason
             )
         elif outcome.exited != 0:

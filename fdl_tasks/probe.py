@@ -233,8 +233,9 @@ def unreachable(host: str, request: ProbeRequest, reason: str) -> Verdict:
     return Verdict(host, "warning", (), (f"unreachable: {reason}",), None, request.data_path)
 
 
-def host_key_mismatch(host: str, request: ProbeRequest, reason: str) -> Verdict:
-    """A changed host key may be a man in the middle: always an error."""
+def host_key_refused(host: str, request: ProbeRequest, reason: str) -> Verdict:
+    """A refused host key (changed: maybe a man in the middle; revoked; unknown under
+    StrictHostKeyChecking yes): always an error, never "unreachable"."""
     return Verdict(host, "error", (reason,), (), None, request.data_path)
 
 

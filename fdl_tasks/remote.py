@@ -23,17 +23,11 @@ from fabric.runners import Remote
 
 from fdl_tasks.console import TextSink
 from fdl_tasks.errors import FdlError
-from fdl_tasks.hostkeys import (
-    KnownHosts,
-    KnownHostsView,
-    TrustOnFirstUse,
-    explain_refusal,
-    skipped_warnings,
-)
+from fdl_tasks.hostkeys import KnownHostsView, SharedHostKeys, explain_refusal
 from fdl_tasks.model import Worker
 from fdl_tasks.outcomes import Failure, Outcome, Reply, describe_failure
 from fdl_tasks.settings import Settings
-from fdl_tasks.sshconfig import HostKeyOptions, host_key_options, read_config, ssh_config_block
+from fdl_tasks.sshconfig import host_key_options, read_config, ssh_config_block
 
 
 def quiet_paramiko() -> None:
@@ -93,11 +87,7 @@ class Fleet:
         self._config_files = "".join(
             read_config(path) for path in (settings.ssh_config, settings.system_ssh_config)
         )
-        self._no_system_keys = KnownHosts()
-        self._known_hosts: dict[str, KnownHosts] = {}  # by file, each parsed once
-        self._views: dict[tuple[tuple[str, ...], tuple[str, ...]], KnownHostsView] = {}
-        self._policies: dict[HostKeyOptions, TrustOnFirstUse] = {}
-        self._unstrict: list[str] = []  # hosts whose configuration says StrictHostKeyChecking no
+        self._host_keys = SharedHostKeys()
         self._hops: dict[str, list[_Hop]] = {}
         self._budgets: dict[str, float] = {}
         self._configs: dict[str, fabric.Config] = {}
@@ -105,16 +95,8 @@ class Fleet:
         self.connections: dict[str, fabric.Connection] = {
             label: self._connect(w, report) for label, w in self.workers.items()
         }
-        for warning in skipped_warnings(self._known_hosts.values()):
+        for warning in self._host_keys.warnings():
             report(warning)
-        if self._unstrict:
-            shown = ", ".join(self._unstrict[:10])
-            shown += f" and {len(self._unstrict) - 10} more" if len(self._unstrict) > 10 else ""
-            report(
-                f"warning: StrictHostKeyChecking no for {shown}: treated as accept-new, so a "
-                "new host key is accepted unverified and remembered, but a changed one is "
-                "still refused (it may be a man in the middle)"
-            )
 
     def _config(self, block: str) -> fabric.Config:
         if block not in self._configs:
@@ -171,14 +153,7 @@ class Fleet:
                 self.settings.known_hosts,
                 self.settings.global_known_hosts,
             )
-            unstrict = options.said.lower() in ("no", "off", "false")
-            if unstrict and worker.host not in self._unstrict:
-                self._unstrict.append(worker.host)
-            view = self._view(options)
-            # paramiko has no setter: share parsed known_hosts files instead of N copies
-            hop.client._system_host_keys = self._no_system_keys
-            hop.client._host_keys = view
-            hop.client.set_missing_host_key_policy(self._policy(options, view))
+            view = self._host_keys.guard(worker.host, hop.client, options)
             name = hop.host if hop.port == 22 else f"[{hop.host}]:{hop.port}"
             hops.append(_Hop(hop, name, view, "jump host " if hops else ""))
             hop = hop.gateway
@@ -201,25 +176,6 @@ class Fleet:
                 "number of seconds"
             )
         return seconds
-
-    def _view(self, options: HostKeyOptions) -> KnownHostsView:
-        """The known_hosts files a host reads, each parsed once for the whole fan-out."""
-        files = (options.user_files, options.global_files)
-        if files not in self._views:
-            for path in {*options.user_files, *options.global_files} - set(self._known_hosts):
-                self._known_hosts[path] = KnownHosts(path)
-            self._views[files] = KnownHostsView(
-                [self._known_hosts[p] for p in options.user_files],
-                [self._known_hosts[p] for p in options.global_files],
-            )
-        return self._views[files]
-
-    def _policy(self, options: HostKeyOptions, view: KnownHostsView) -> TrustOnFirstUse:
-        if options not in self._policies:
-            self._policies[options] = TrustOnFirstUse(
-                view, options.strict, options.hashed, options.said
-            )
-        return self._policies[options]
 
     def _failure(self, label: str, exc: BaseException) -> Failure:
         """One line for a host's failure; a changed key names the hop and the file."""

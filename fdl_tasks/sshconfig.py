@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from fdl_tasks.errors import FdlError
-from fdl_tasks.hostkeys import DEFAULT_STRICT, STRICT_WORDS
+from fdl_tasks.hostkey_policy import DEFAULT_STRICT, STRICT_WORDS
 from fdl_tasks.model import Worker
 from fdl_tasks.rules import split_ssh_option
 
@@ -76,7 +76,7 @@ def read_config(path: str) -> str:
 class HostKeyOptions:
     """How one host's key is checked: OpenSSH's host-key options, resolved for that host."""
 
-    #: ``yes`` or ``accept-new`` (see :data:`fdl_tasks.hostkeys.STRICT_WORDS`).
+    #: ``yes`` or ``accept-new`` (see :data:`fdl_tasks.hostkey_policy.STRICT_WORDS`).
     strict: str
     #: ``StrictHostKeyChecking`` as the configuration spells it ("" if unset).
     said: str

@@ -51,6 +51,9 @@ HELP = {
 class CheckedArgument(Argument):
     """An option whose value Invoke casts (``--jobs abc``): a usage error, never a traceback."""
 
+    def __repr__(self) -> str:  # Invoke names a flag given no value by its repr
+        return f"--{self.name}"
+
     def set_value(self, value: Any, cast: bool = True) -> None:
         try:
             super().set_value(value, cast)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -102,9 +103,12 @@ class DistRig:
         servers: Sequence[ServerSpec] = (ServerSpec(SERVER_PORT),),
         address: str = DEFAULT_ADDRESS,
         scheduler_port: int = SCHEDULER_PORT,
+        tied: bool = False,
     ) -> None:
+        """``tied``: the processes get SIGTERM when the process that started them dies
+        (a test or benchmark killed outright leaves nothing behind)."""
         self.state, self.servers, self.address = Path(state), list(servers), address
-        self.scheduler_port = scheduler_port
+        self.scheduler_port, self.tied = scheduler_port, tied
 
     @property
     def url(self) -> str:
@@ -195,6 +199,7 @@ class DistRig:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "SCCACHE_NO_DAEMON": "1", "SCCACHE_LOG": "info"},
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.tied else None,
             )
         (self.state / f"{name}.pid").write_text(str(process.pid))
 
@@ -246,8 +251,10 @@ class DistRig:
             return None
         return (status.servers, status.cpus) if status else (0, 0)
 
-    def wait_for(self, predicate: object, what: str, timeout: float) -> None:
-        assert callable(predicate)
+    def wait_for(
+        self, predicate: Callable[[tuple[int, int] | None], bool], what: str, timeout: float
+    ) -> None:
+        """Until ``predicate(self.status())``; an error with the logs if a process dies first."""
         deadline = time.monotonic() + timeout
         while not predicate(self.status()):
             dead = [n for n in self._names() if self._pid(n) is not None and not self._alive(n)]
@@ -302,13 +309,19 @@ class DistRig:
 
 @contextlib.contextmanager
 def dist_rig(
-    state: Path, servers: Sequence[ServerSpec] = (ServerSpec(SERVER_PORT),), **kwargs: object
+    state: Path, servers: Sequence[ServerSpec] = (ServerSpec(),), scheduler_port: int = 0
 ) -> Iterator[DistRig]:
-    rig = DistRig(state, servers, **kwargs)  # type: ignore[arg-type]
+    """A rig up for the ``with`` block (free ports by default), down after it."""
+    rig = DistRig(state, servers, scheduler_port=scheduler_port, tied=True)
     try:
         yield rig.up()
     finally:
         rig.down()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
 def free_port(address: str) -> int:

@@ -124,15 +124,23 @@ def isolated_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return environment
 
 
+#: Connect and probe budgets of rig runs: far above what a loaded 2-core machine needs.
+RIG_BUDGETS = {"INVOKE_FDL_CONNECT_TIMEOUT": "30", "INVOKE_FDL_PROBE_TIMEOUT": "120"}
+
+
 def rig_env(root: Path, known_hosts: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Isolated, the controller labelled ``ctrl``, host keys in ``known_hosts``, no ssh config.
 
     Nor the machine's ``/etc/ssh/ssh_known_hosts``: the global known_hosts is a file
     of ``root`` that does not exist unless the test writes it
     (``INVOKE_FDL_GLOBAL_KNOWN_HOSTS`` in ``extra`` points elsewhere).
+
+    Budgets are generous (:data:`RIG_BUDGETS`): a verdict must measure the host, never
+    how busy the controller is; a test about budgets sets its own in ``extra``.
     """
     return isolated_env(
         {
+            **RIG_BUDGETS,
             "FLODL_HOST_NAME": "ctrl",
             "INVOKE_FDL_KNOWN_HOSTS": str(known_hosts),
             "INVOKE_FDL_GLOBAL_KNOWN_HOSTS": str(root / "no-global-known-hosts"),

@@ -41,6 +41,9 @@ class Backend(Protocol):
     def stop_run(self, run_id: str) -> None:
         """After every job was stopped: whatever of the run may still be left."""
 
+    def run_note(self, run_id: str) -> str:
+        """How the user finds this run's builds outside the tool ('' if nothing to say)."""
+
 
 def backend_for(controller: Controller) -> Backend:
     """The backend of ``controller.docker``: absent, an image, or a compose service."""

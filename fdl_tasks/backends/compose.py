@@ -7,7 +7,6 @@ build's containers, found by their labels.
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Sequence
 
@@ -20,11 +19,15 @@ from fdl_tasks.commands import (
     container_identity,
     cross_variables,
 )
-from fdl_tasks.containers import check_docker, compose_images, create_compose_networks
+from fdl_tasks.containers import (
+    check_docker,
+    compose_images,
+    create_compose_networks,
+    user_ids,
+)
 from fdl_tasks.model import Arch, ComposeService, Controller
 from fdl_tasks.plan import BuildJob
 from fdl_tasks.rules import arch_cuda, join_path, libtorch_dir
-
 
 #: What flodl passes for its ``dev`` (CPU) service's libtorch mount.
 COMPOSE_CPU_LIBTORCH = "./libtorch/precompiled/cpu"
@@ -93,7 +96,7 @@ class ComposeBackend(ContainerBackend):
         self, controller: Controller, compose: ComposeService, compose_argv: Sequence[str]
     ) -> None:
         self.controller, self.compose, self.compose_argv = controller, compose, compose_argv
-        self.ids = (os.geteuid(), os.getegid())
+        self.ids = user_ids()
         self.tool = f"{' '.join(compose_argv)} run"
 
     def check(self, jobs: Sequence[BuildJob]) -> None:

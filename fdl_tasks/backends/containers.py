@@ -19,3 +19,6 @@ class ContainerBackend:
 
     def stop_run(self, run_id: str) -> None:
         remove_containers(f"{RUN_LABEL}={run_id}")
+
+    def run_note(self, run_id: str) -> str:
+        return f"containers labelled {RUN_LABEL}={run_id}"

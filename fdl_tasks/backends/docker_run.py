@@ -6,14 +6,13 @@ A stop or a timeout removes the build's containers, found by their labels
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Sequence
 
 from fdl_tasks.backends.containers import ContainerBackend
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.commands import cargo_argv, container_cache, container_identity, cross_variables
-from fdl_tasks.containers import check_docker
+from fdl_tasks.containers import check_docker, user_ids
 from fdl_tasks.model import Controller, DockerSettings
 from fdl_tasks.plan import BuildJob
 from fdl_tasks.rules import join_path, libtorch_dir
@@ -55,13 +54,15 @@ def docker_command(
         argv += ["-e", f"{name}={value}"]
     cargo = cargo_argv(job.spec)
     build = ["sh", "-c", with_stats(shlex.join(cargo), CONTAINER_SCCACHE, target)]
-    argv += [*run_args, image, *(build if cache else cargo)]
+    network = cache.container_run_args(run_args) if cache else []
+    argv += [*run_args, *network, image, *(build if cache else cargo)]
     return shlex.join(argv)
 
 
 def container_user() -> str | None:
     """Run as the invoking user so files on the shared mount are not owned by root."""
-    return None if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"
+    uid, gid = user_ids()
+    return None if uid == 0 else f"{uid}:{gid}"
 
 
 class DockerRunBackend(ContainerBackend):

@@ -82,3 +82,6 @@ class NativeBackend:
 
     def stop_run(self, run_id: str) -> None:
         """Every job was stopped one by one: its process group is all there is."""
+
+    def run_note(self, run_id: str) -> str:
+        return ""

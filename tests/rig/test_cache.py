@@ -95,10 +95,11 @@ def prebuild(
 def cache_column(stderr: str, hosts: list[str]) -> Stats:
     """host → its ``cache`` cell in the summary table (cells are 2+ spaces apart)."""
     rows = [re.split(r" {2,}", line.strip()) for line in stderr.splitlines()]
-    header = ["host", "arch", "build", "result", "seconds", "cache", "log"]
+    header = ["host", "arch", "build", "result", "seconds", "binary", "cache"]
     assert header in rows, stderr
     body = rows[rows.index(header) + 1 :]
-    column = {row[0]: row[5] for row in body if len(row) == len(header) and row[0] in hosts}
+    index = header.index("cache")
+    column = {row[0]: row[index] for row in body if len(row) == len(header) and row[0] in hosts}
     assert sorted(column) == sorted(hosts), stderr
     return column
 

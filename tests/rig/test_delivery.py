@@ -117,7 +117,7 @@ def test_lagging_mount_that_catches_up_passes_within_the_retry(rig: RigCluster) 
     done = prebuild(
         rig,
         cluster(rig, "lag.yaml", lagging=view),
-        INVOKE_FDL_VERIFY_RETRIES="10",
+        INVOKE_FDL_VERIFY_RETRIES="60",  # ends as soon as the bytes match
         INVOKE_FDL_VERIFY_RETRY_DELAY="0.5",
     )
     thread.join()

@@ -402,6 +402,14 @@ def test_summary_says_rebuilt_or_up_to_date_with_the_binarys_hash(rig: RigCluste
         assert line == f"{expected_line('ddp-bench', arch)} edited=1"
 
 
+def test_native_builds_speak_of_no_containers(rig: RigCluster) -> None:
+    """Native cargo starts no container: its start line names none."""
+    done = prebuild(rig, cluster(rig, "native.yaml"))
+    start = [line for line in done.stderr.splitlines() if "build(s) with native cargo" in line]
+    assert len(start) == 1, done.stderr
+    assert "container" not in start[0], start[0]
+
+
 # ---------------------------------------------------------------------------- 4. a typo
 
 
@@ -551,6 +559,25 @@ def test_require_verified_makes_an_unverified_host_an_error(rig: RigCluster) -> 
     assert not envelope_path(rig, "ddp-bench").exists()
 
 
+def test_require_verified_is_not_silently_dropped_by_no_verify(rig: RigCluster) -> None:
+    """--no-verify leaves every host unverified: with --require-verified asked for too,
+    publishing an envelope anyway would ignore what the user required."""
+    path = cluster(rig, "noverify.yaml")
+    done = inv(
+        rig,
+        "prebuild",
+        "--cmd",
+        "ddp-bench",
+        "--no-verify",
+        "--require-verified",
+        "--cluster-file",
+        str(path),
+    )
+    assert done.returncode == 1, done.stderr
+    assert "require" in done.stderr and "Traceback" not in done.stderr
+    assert not envelope_path(rig, "ddp-bench").exists()
+
+
 # ---------------------------------------------------------------------------- 8. build-host
 
 
@@ -568,6 +595,9 @@ def test_build_host_updates_its_own_entry_and_keeps_the_others(rig: RigCluster) 
         "--json",
         "--cluster-file",
         str(path),
+        # The compile cache on, as by default: its line is labelled too.
+        INVOKE_FDL_COMPILE_CACHE="1",
+        INVOKE_FDL_COMPILE_CACHE_DIR=str(rig.root / "sccache"),
     )
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()

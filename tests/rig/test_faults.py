@@ -242,14 +242,14 @@ def kill_sshd(config: Path) -> None:
 def test_sshd_killed_mid_probe_is_a_warning(rig: RigCluster) -> None:
     slow = rig.rig.host_dir("gamma") / "bin" / "uname"
     original = slow.read_text() if slow.exists() else None
-    slow.write_text('#!/bin/sh\nsleep 30\nexec /bin/uname "$@"\n')
+    in_flight = rig.root / "gamma-probe-in-flight"
+    in_flight.unlink(missing_ok=True)
+    slow.write_text(f'#!/bin/sh\ntouch {in_flight}\nsleep 30\nexec /bin/uname "$@"\n')
     slow.chmod(0o755)
     try:
         path = cluster(rig, "midprobe.yaml", docker=False)
-        run = rig.background(
-            "preflight", "--cluster-file", str(path), env={"INVOKE_FDL_PROBE_TIMEOUT": "20"}
-        )
-        time.sleep(2)
+        run = rig.background("preflight", "--cluster-file", str(path))
+        run.wait_for(in_flight.exists, timeout=60)  # the probe is running on gamma
         started = time.monotonic()
         kill_sshd(rig.rig.host_dir("gamma") / "sshd_config")
         assert run.finish() == 0, run.stderr

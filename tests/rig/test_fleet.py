@@ -35,7 +35,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict
     write_cluster(root / "cluster.yaml", controller, workers)
     rig.up(HOSTS)
     try:
-        yield root, rig_env(root, root / "known_hosts")
+        # The product's own default budgets: the fleet claim is about them.
+        defaults = {"INVOKE_FDL_CONNECT_TIMEOUT": "5", "INVOKE_FDL_PROBE_TIMEOUT": "20"}
+        yield root, rig_env(root, root / "known_hosts", defaults)
     finally:
         rig.down()
 

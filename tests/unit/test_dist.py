@@ -18,20 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.cache import (
-    CONTAINER_DIST,
-    CONTAINER_SCCACHE,
-    CONTAINER_TOOLCHAINS,
+from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, find_cache, open_cache, with_stats
+from fdl_tasks.cache_stats import (
     DIST_STATUS_FILE,
     FALLBACKS_FILE,
     STATS_FILE,
     CacheStats,
-    CompileCache,
-    DistClient,
-    find_cache,
-    open_cache,
     read_stats,
-    with_stats,
 )
 from fdl_tasks.dist import (
     WRAPPER_SCRIPT,
@@ -41,6 +34,7 @@ from fdl_tasks.dist import (
     parse_scheduler_status,
     toml_string,
 )
+from fdl_tasks.dist_client import CONTAINER_DIST, CONTAINER_TOOLCHAINS, DistClient
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import DistSettings
@@ -195,18 +189,22 @@ def wrapper(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     script.chmod(0o755)
     fake = tmp_path / "real-sccache"
     fake.write_text(
-        '#!/bin/sh\necho "remote out $*"; echo "remote err" >&2; '
+        f'#!/bin/sh\necho "$*" >>{tmp_path}/calls\n'
+        'echo "remote out $*"; echo "remote err" >&2; '
         'cat >/dev/null; exit "${FAKE_STATUS:-0}"\n'
     )
     fake.chmod(0o755)
 
-    def run(*args: str, status: int = 0, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, status: int = 0, stdin: str = "", lock: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         env = {
             "PATH": os.environ["PATH"],
             "FDL_SCCACHE": str(fake),
             "FAKE_STATUS": str(status),
             "SCCACHE_SERVER_UDS": str(tmp_path / "srv.sock"),
             "TMPDIR": str(tmp_path),
+            **({"FDL_DIST_LOCK": str(tmp_path / "start.lock")} if lock else {}),
         }
         return subprocess.run(
             [str(script), *args], input=stdin, env=env, capture_output=True, text=True, check=False
@@ -243,6 +241,25 @@ def test_the_wrapper_compiles_locally_what_failed_and_names_the_unit(
     assert c_unit.returncode == 0
     assert (tmp_path / "srv.sock.fallbacks").read_text() == "blind\nbad\nshim.o\n"
     assert not list(tmp_path.glob("fdl-dist.*"))
+
+
+def test_the_wrapper_starts_the_server_under_the_lock_once(
+    wrapper: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """Servers sharing the toolchain store start one at a time (sccache empties its
+    scratch directory on start); a running server is not started again."""
+    assert wrapper("/bin/true", "--crate-name", "a", lock=True).returncode == 0
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        "--start-server",
+        "/bin/true --crate-name a",
+    ]
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "srv.sock"))
+    try:
+        assert wrapper("/bin/true", "--crate-name", "b", lock=True).returncode == 0
+    finally:
+        listener.close()
+    assert (tmp_path / "calls").read_text().splitlines()[2:] == ["/bin/true --crate-name b"]
 
 
 def test_the_wrapper_leaves_standard_input_compiles_to_sccache(
@@ -306,7 +323,10 @@ def test_read_stats_counts_remote_compiles_next_to_hits(tmp_path: Path) -> None:
     ("stats", "text"),
     [
         (CacheStats(0, 5, 0, "SchedulerStatus", 5), "0/5 hits, dist 5/5"),
-        (CacheStats(4, 1, 0, "SchedulerStatus", 0, 1), "4/5 hits, dist 0/1"),
+        (
+            CacheStats(4, 1, 0, "SchedulerStatus", 0, 1),
+            "4/5 hits, dist 0/1 (1 failed remotely, compiled here)",
+        ),
         (
             CacheStats(0, 5, 0, "NotConnected", 0),
             "0/5 hits, dist 0/5 (scheduler unreachable from the build)",

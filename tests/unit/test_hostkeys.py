@@ -18,15 +18,15 @@ import pytest
 from paramiko.common import AUTH_SUCCESSFUL
 
 from fdl_tasks.errors import FdlError
+from fdl_tasks.hostkey_policy import HostKeyRefused
 from fdl_tasks.hostkeys import (
-    HostKeyRefused,
     KnownHosts,
     KnownHostsView,
-    KnownLine,
     TrustOnFirstUse,
     explain_refusal,
     skipped_warnings,
 )
+from fdl_tasks.known_hosts import KnownLine
 from fdl_tasks.model import SshSettings, Worker
 from fdl_tasks.remote import Fleet
 from fdl_tasks.settings import Settings

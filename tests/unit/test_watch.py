@@ -12,29 +12,25 @@ from pathlib import Path
 
 import pytest
 
+from fdl_tasks.delivery import Delivery
 from fdl_tasks.errors import FdlError
 from fdl_tasks.plan import BuildSpec, CrossBuild
-from fdl_tasks.watch import (
-    Debouncer,
-    Kind,
-    Scope,
-    WatchFiles,
-    WatchPlan,
+from fdl_tasks.watch import wait_for_watch
+from fdl_tasks.watch.buildscripts import declared_inputs, host_path, rerun_declarations
+from fdl_tasks.watch.debounce import Debouncer
+from fdl_tasks.watch.files import WatchFiles
+from fdl_tasks.watch.lines import (
     build_labels,
     busy_reason,
     cycle_line,
-    declared_inputs,
     describe_changes,
-    gone_directory,
-    host_path,
-    make_scope,
-    mount_fstype,
-    needs_polling,
-    newest_change,
-    rerun_declarations,
-    wait_for_watch,
-    watch_plan,
+    stopped_line,
+    verified_text,
 )
+from fdl_tasks.watch.plan import WatchPlan, watch_plan
+from fdl_tasks.watch.polling import mount_fstype, needs_polling, polling_choice
+from fdl_tasks.watch.scope import Kind, Scope, gone_directory, make_scope
+from fdl_tasks.watch.workspace import newest_change
 
 ROOT = "/srv/proj"
 CU128 = f"{ROOT}/libtorch/precompiled/cu128"
@@ -273,6 +269,18 @@ def test_needs_polling(fstype: str, poll: bool) -> None:
     assert needs_polling(fstype) is poll
 
 
+def test_polling_choice() -> None:
+    root = Path(ROOT)
+    assert polling_choice(root, "ext4", forced=True) == (
+        True,
+        "polling every 0.5s (fdl.watch_polling)",
+    )
+    poll, how = polling_choice(root, "nfs4", forced=False)
+    assert poll and how.startswith(f"polling every 0.5s: {ROOT} is on nfs4")
+    assert polling_choice(root, "ext4", forced=False) == (False, "inotify on ext4")
+    assert polling_choice(root, None, forced=False) == (False, "inotify on an unknown filesystem")
+
+
 # ---------------------------------------------------------------------------- when
 
 
@@ -321,6 +329,13 @@ def test_a_save_just_before_the_build_ends_still_waits_to_settle() -> None:
     d.add(src(1), 5.0)
     d.finish()
     assert not d.due(5.1) and d.due(5.3)
+
+
+def test_a_watchers_debouncer_builds_first_and_polling_settles_longer() -> None:
+    d = Debouncer.for_watch(0.3, polling=False)
+    assert (d.quiet, d.longest, d.state) == (0.3, 3.0, "building")
+    assert Debouncer.for_watch(0.3, polling=True).quiet == 0.75  # more than one walk
+    assert Debouncer.for_watch(2.0, polling=True).quiet == 2.0
 
 
 def test_start_needs_an_idle_debouncer() -> None:
@@ -390,6 +405,24 @@ def test_build_labels() -> None:
     arm = CrossBuild("aarch64", "aarch64-unknown-linux-gnu", "aarch64-linux-gnu-gcc")
     specs = [spec("precompiled/cu128"), spec("precompiled/cu128"), spec("precompiled/cpu", arm)]
     assert build_labels(specs) == ["precompiled/cu128 x2", "precompiled/cpu (aarch64)"]
+
+
+def test_verified_text() -> None:
+    assert verified_text(None) == "verification off (--no-verify)"
+    delivery = Delivery(verified=("a", "b"), unverified={"c": "unreachable"}, problems=())
+    assert verified_text(delivery) == "2 host(s) verified, 1 not verified: c (unreachable)"
+
+
+def test_stopped_line() -> None:
+    assert stopped_line("p", 3, False, True, True) == (
+        "watch stopped; the envelope of p stays published (cycle 3's)"
+    )
+    assert stopped_line("p", 3, False, True, False) == (
+        "watch stopped; the envelope of p stays published"
+    )
+    assert stopped_line("p", 4, True, False, True) == (
+        "watch stopped during cycle 4; no envelope of p is published"
+    )
 
 
 def test_busy_reason() -> None:
