@@ -116,9 +116,10 @@ def test_no_prebuild_skips_the_abi_gate_but_checks_data(rig: RigCluster) -> None
         "preflight", "--no-prebuild", "--json", "--cluster-file", str(path), env=TIMEOUTS
     )
     got = verdicts(done.stdout)
-    assert got["arm"]["status"] == "ok" and got["musl"]["status"] == "ok"
-    assert got["nopkill"]["status"] == "ok" and got["arm"]["cpu_arch"] is None
-    assert got["nodata"]["status"] == "error" and got["unreadable"]["status"] == "error"
+    assert got["arm"]["status"] == "ok" and got["musl"]["status"] == "ok", done.stderr
+    assert got["nopkill"]["status"] == "ok" and got["arm"]["cpu_arch"] is None, done.stderr
+    assert got["nodata"]["status"] == "error", (got["nodata"], done.stderr)
+    assert got["unreadable"]["status"] == "error", (got["unreadable"], done.stderr)
     assert done.returncode == 1
 
 

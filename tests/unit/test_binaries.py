@@ -327,7 +327,7 @@ def test_fixture_is_fast() -> None:
 def test_generated_flodl_crate(tmp_path: Path) -> None:
     """bench/flodl_crate.py's workspace: many library members, two binaries in one package."""
     root = generate(tmp_path / "flodl")
-    both = {COMMAND, SECOND_COMMAND}
+    both = frozenset({COMMAND, SECOND_COMMAND})
     assert binary_names(root) == both
     assert binary_names(root / COMMAND) == both
     assert {p.name for p in selected_packages(root)} >= {COMMAND, "tch", "torch-sys"}

@@ -23,9 +23,8 @@ KEY = BuildKey(mode="docker", arch="precompiled/cu128", features=("cuda",), envi
 
 def cluster(archs: dict[str, str], **controller: Any) -> Cluster:
     workers = [{"host": h, "path": "/mnt/p", "arch": a} for h, a in archs.items()]
-    return parse_cluster(
-        {"controller": {"path": "/srv/p", **controller}, "workers": workers}, "c.yaml"
-    )
+    data: dict[str, Any] = {"controller": {"path": "/srv/p", **controller}, "workers": workers}
+    return parse_cluster(data, "c.yaml")
 
 
 def test_shared_dir_is_keyed_by_environment_not_command() -> None:
@@ -38,7 +37,7 @@ def test_shared_dir_is_keyed_by_environment_not_command() -> None:
 
 
 def test_every_field_of_the_key_changes_the_dir() -> None:
-    changes = {
+    changes: dict[str, Any] = {
         "mode": "compose",
         "arch": "precompiled/cu126",
         "features": (),

@@ -6,10 +6,10 @@ import pytest
 
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.loader import parse_cluster
 from fdl_tasks.layout import arch_slug
 from fdl_tasks.layout import host_binary as binary_path
 from fdl_tasks.layout import host_dir as target_dir
+from fdl_tasks.loader import parse_cluster
 from fdl_tasks.rules import (
     arch_cuda,
     cargo_features,
