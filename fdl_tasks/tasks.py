@@ -97,7 +97,8 @@ def build_host(
 @fdl_task(
     help={
         **HELP,
-        "jobs": "how many builds may run at once (default: fdl.build_jobs, else one per core)",
+        "jobs": "how many builds may run at once (default: fdl.build_jobs, else one per "
+        "core, two per core when every target dir is already built)",
         "no-prebuild": "run only the data-path preflight; build and publish nothing",
         "per-host": "one build per host even where builds are identical (full isolation)",
         "no-verify": "skip delivery verification (hash, libraries, glibc) on the hosts",
