@@ -56,6 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import flodl_crate
+from bench.bare import bare, bare_command
+from bench.run import BenchError
 from fdl_tasks.envelope import decode
 from fdl_tasks.files import write_atomically
 from fdl_tasks.layout import MARKER_FILE, envelope_file
@@ -75,10 +77,6 @@ ENV = {"INVOKE_FDL_COMPILE_CACHE_DIR": str(STATE / "sccache")}
 
 def log(message: str) -> None:
     print(f"bench.loop {time.strftime('%H:%M:%S')}: {message}", file=sys.stderr, flush=True)
-
-
-class BenchError(RuntimeError):
-    pass
 
 
 def median(values: Sequence[float]) -> float:
@@ -168,36 +166,6 @@ def target_dirs(project: Path) -> list[str]:
     return sorted(str(m.parent.relative_to(cluster)) for m in cluster.rglob(MARKER_FILE))
 
 
-def bare_command(rig: RigCluster, cluster_file: Path) -> list[str]:
-    """The ``docker run`` line ``inv --dry prebuild --no-cache`` prints for one host."""
-    args = ["--dry", "prebuild", "--cmd", FIRST, "--crate-dir", CRATE_DIR, *NO_CACHE]
-    dry = subprocess.run(
-        inv_argv(*args, "--cluster-file", str(cluster_file)),
-        cwd=rig.root,
-        env=rig.environment(ENV),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = [line.split("] ", 1)[1] for line in dry.stderr.splitlines() if "] docker run " in line]
-    if dry.returncode != 0 or len(lines) != 1:
-        raise BenchError(f"expected one docker run line from inv --dry:\n{dry.stderr}")
-    return shlex.split(lines[0])
-
-
-def bare(argv: list[str], n: int) -> float:
-    """The bare build, with a container name of its own; wall seconds."""
-    argv = list(argv)
-    if "--name" in argv:
-        argv[argv.index("--name") + 1] = f"fdl-bench-loop-{os.getpid()}-{n}"
-    started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    seconds = time.monotonic() - started
-    if done.returncode != 0:
-        raise BenchError(f"bare build exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return seconds
-
-
 # ---------------------------------------------------------------------------- the rows
 
 
@@ -266,7 +234,9 @@ class Setup:
         one = {**workers[0], "path": str(self.copy)}
         bare_controller = {**controller, "path": str(self.copy)}
         self.one = write_cluster(rig.root / "bare1.yaml", bare_controller, [one])
-        self.bare_argv = bare_command(rig, self.one)
+        self.bare_argv = bare_command(
+            rig, self.one, ["--cmd", FIRST, "--crate-dir", CRATE_DIR, *NO_CACHE], ENV
+        )
 
 
 def second_command(setup: Setup, reps: int) -> tuple[Row, Row]:
@@ -299,16 +269,16 @@ def loop_rows(setup: Setup, reps: int, options: list[str], suffix: str) -> tuple
     rig = setup.rig
     log(f"L2{suffix}: warming both target trees ({mode})")
     prebuild(rig, setup.three, FIRST, *options)
-    bare(setup.bare_argv, 0)
+    bare(setup.bare_argv, "fdl-bench-loop", 0)
     for rep in range(reps):
         rev = f"{suffix or 'c'}{rep}"
         edit(setup.project / CRATE_DIR, rev)
         run = prebuild(rig, setup.three, FIRST, *options)
         check_published(rig, setup.project, FIRST, rev)
         edit(setup.copy / CRATE_DIR, rev)
-        edit_row.record(run.seconds, bare(setup.bare_argv, 2 * rep + 1), run)
+        edit_row.record(run.seconds, bare(setup.bare_argv, "fdl-bench-loop", 2 * rep + 1), run)
         noop = prebuild(rig, setup.three, FIRST, *options)
-        noop_row.record(noop.seconds, bare(setup.bare_argv, 2 * rep + 2), noop)
+        noop_row.record(noop.seconds, bare(setup.bare_argv, "fdl-bench-loop", 2 * rep + 2), noop)
         log(
             f"L2{suffix} rep {rep + 1}/{reps}: edit {edit_row.a[-1]:.2f}s vs bare "
             f"{edit_row.b[-1]:.2f}s; no-op {noop_row.a[-1]:.2f}s vs bare {noop_row.b[-1]:.2f}s"

@@ -35,7 +35,6 @@ import re
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -43,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import crate_gen
+from bench.bare import bare, bare_command
+from bench.run import BenchError
 from fdl_tasks.envelope import decode
 from fdl_tasks.layout import envelope_file
 from rig.harness import RigCluster, Running, builder_settings, inv_argv, start_rig, write_cluster
@@ -60,10 +61,6 @@ _CYCLE = re.compile(r"^watch: cycle (\d+) (ok|FAILED) in ([\d.]+)s")
 
 def log(message: str) -> None:
     print(f"bench.watch: {message}", file=sys.stderr, flush=True)
-
-
-class BenchError(RuntimeError):
-    pass
 
 
 def edit(crate_dir: Path, rev: str) -> None:
@@ -90,35 +87,6 @@ def rig_worker_at(rig: RigCluster, host: str, project: Path, arch: str) -> dict[
     entry = rig.worker(host, arch=arch)
     entry["path"] = str(project)
     return entry
-
-
-def bare_command(rig: RigCluster, cluster_file: Path, command: str) -> list[str]:
-    """The ``docker run`` line ``inv --dry prebuild`` prints for a one-host cluster."""
-    dry = subprocess.run(
-        inv_argv("--dry", "prebuild", "--cmd", command, "--cluster-file", str(cluster_file)),
-        cwd=rig.root,
-        env=rig.environment(ENV),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = [line.split("] ", 1)[1] for line in dry.stderr.splitlines() if "] docker run " in line]
-    if dry.returncode != 0 or len(lines) != 1:
-        raise BenchError(f"expected one docker run line from inv --dry:\n{dry.stderr}")
-    return shlex.split(lines[0])
-
-
-def bare(argv: list[str], n: int) -> float:
-    """The bare build with a container name and run label of its own; wall seconds."""
-    argv = list(argv)
-    if "--name" in argv:
-        argv[argv.index("--name") + 1] = f"fdl-bench-watch-{os.getpid()}-{n}"
-    started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    seconds = time.monotonic() - started
-    if done.returncode != 0:
-        raise BenchError(f"bare build exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return seconds
 
 
 def cycle_at(run: Running, number: int, timeout: float) -> tuple[float, float]:
@@ -159,9 +127,9 @@ def bench_crate(rig: RigCluster, key: str, reps: int, debounce: float) -> dict[s
         crate_gen.generate(copy / command)
     three = cluster(rig, watched, f"watch-{key}.yaml", HOSTS)
     one = cluster(rig, copy, f"bare-{key}.yaml", HOSTS[:1])
-    argv = bare_command(rig, one, command)
+    argv = bare_command(rig, one, ["--cmd", command], ENV)
     log(f"{key}: warming the bare target dir ({command}, {VARIANTS[0]})")
-    bare(argv, 0)
+    bare(argv, "fdl-bench-watch", 0)
     log(f"{key}: starting inv prebuild --watch ({len(HOSTS)} hosts, {len(VARIANTS)} variants)")
     run = Running(
         inv_argv(
@@ -184,7 +152,7 @@ def bench_crate(rig: RigCluster, key: str, reps: int, debounce: float) -> dict[s
             check_published(rig, watched, command, rev)
             time.sleep(1.0)  # let the watcher settle before the bare build takes the cores
             edit(copy / command, rev)
-            samples["bare"].append(round(bare(argv, rep + 1), 3))
+            samples["bare"].append(round(bare(argv, "fdl-bench-watch", rep + 1), 3))
             log(
                 f"{key} rep {rep + 1}/{reps}: save-to-published {samples['watch'][-1]:.2f}s "
                 f"(cycle {own:.1f}s) | bare docker run {samples['bare'][-1]:.2f}s"
