@@ -65,6 +65,12 @@ def concurrency(configured: int, jobs: Sequence[BuildJob], root: Path) -> int:
     return max(1, min(bound, len(jobs)))
 
 
+def head_start(*, cached: bool, cold: bool, builds: int) -> int:
+    """How many builds run before the others start: one when a cold compile cache
+    can be warmed for the rest, else none (without a cache nothing waits)."""
+    return 1 if cached and cold and builds > 1 else 0
+
+
 def _all_warm(jobs: Sequence[BuildJob], root: Path) -> bool:
     return all((root / job.target_dir / MARKER_FILE).exists() for job in jobs)
 
@@ -104,7 +110,7 @@ class Builder:
         """
         pool = ThreadPoolExecutor(max_workers=max(1, min(self.jobs, len(jobs))))
         cold = not any((self.root / job.target_dir / MARKER_FILE).exists() for job in jobs)
-        first = 1 if self.cache and cold and len(jobs) > 1 else 0
+        first = head_start(cached=self.cache is not None, cold=cold, builds=len(jobs))
         try:
             with sigterm_as_interrupt():
                 results = [self.run_one(job) for job in jobs[:first]]

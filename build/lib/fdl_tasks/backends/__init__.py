@@ -1,0 +1,55 @@
+"""One backend per build mode: native cargo, ``docker run``, docker compose.
+
+The rest of the code never asks which mode it is in: it asks the run's
+backend (:func:`backend_for`) for the checks before any build, a job's
+command line (with the compile cache wired in as that mode needs it), and
+how to stop one job or the whole run. A new mode is a new module here and
+one line in :func:`backend_for`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from fdl_tasks.backends.compose import ComposeBackend
+from fdl_tasks.backends.docker_run import DockerRunBackend
+from fdl_tasks.backends.native import NativeBackend
+from fdl_tasks.cache import CompileCache
+from fdl_tasks.containers import find_compose
+from fdl_tasks.model import ComposeService, Controller, DockerSettings
+from fdl_tasks.plan import BuildJob
+
+
+class Backend(Protocol):
+    """How one build mode checks, runs and stops builds."""
+
+    #: What runs the builds, for the user: ``native cargo``, ``docker run``, …
+    tool: str
+
+    def check(self, jobs: Sequence[BuildJob]) -> None:
+        """Before any build: every tool and image the jobs need is there (else FdlError)."""
+
+    def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
+        """The job's whole shell command line, every value quoted."""
+
+    def stop_job(
+        self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
+    ) -> None:
+        """Stop one build now (its timeout expired, or the run is stopping)."""
+
+    def stop_run(self, run_id: str) -> None:
+        """After every job was stopped: whatever of the run may still be left."""
+
+    def run_note(self, run_id: str) -> str:
+        """How the user finds this run's builds outside the tool ('' if nothing to say)."""
+
+
+def backend_for(controller: Controller) -> Backend:
+    """The backend of ``controller.docker``: absent, an image, or a compose service."""
+    docker = controller.docker
+    if isinstance(docker, ComposeService):
+        return ComposeBackend(controller, docker, find_compose())
+    if isinstance(docker, DockerSettings):
+        return DockerRunBackend(controller, docker)
+    return NativeBackend(controller)

@@ -1,0 +1,120 @@
+"""docker compose builds, exactly as flodl runs them: ``compose run --rm <service> bash -c …``.
+
+The project's compose file decides the image, the user and the mounts;
+flodl's variables select the variant. A stop or a timeout removes the
+build's containers, found by their labels.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from fdl_tasks.backends.containers import ContainerBackend
+from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
+from fdl_tasks.commands import (
+    assignments,
+    cargo_argv,
+    container_cache,
+    container_identity,
+    cross_variables,
+)
+from fdl_tasks.containers import (
+    check_docker,
+    compose_images,
+    create_compose_networks,
+    user_ids,
+)
+from fdl_tasks.model import Arch, ComposeService, Controller
+from fdl_tasks.plan import BuildJob
+from fdl_tasks.rules import arch_cuda, join_path, libtorch_dir
+
+#: What flodl passes for its ``dev`` (CPU) service's libtorch mount.
+COMPOSE_CPU_LIBTORCH = "./libtorch/precompiled/cpu"
+
+
+def compose_environment(root: str, arch: Arch, ids: tuple[int, int]) -> dict[str, str]:
+    """The variables flodl's compose file reads, exactly as flodl sets them, plus ``UID``/``GID``.
+
+    CUDA variables only when the arch encodes a release (as flodl); ``UID``
+    and ``GID`` because bash never exports ``UID`` and the file's
+    ``user: "${UID:-1000}:${GID:-1000}"`` should be the invoking user.
+    """
+    environment = {
+        "LIBTORCH_HOST_PATH": libtorch_dir(root, arch),
+        "LIBTORCH_CPU_PATH": COMPOSE_CPU_LIBTORCH,
+    }
+    cuda = arch_cuda(arch)
+    if cuda:
+        environment |= {"CUDA_VERSION": cuda.version, "CUDA_TAG": cuda.tag}
+    return environment | {"UID": str(ids[0]), "GID": str(ids[1])}
+
+
+def compose_command(
+    job: BuildJob,
+    controller: Controller,
+    compose: ComposeService,
+    compose_argv: Sequence[str],
+    run_id: str,
+    ids: tuple[int, int],
+    cache: CompileCache | None = None,
+) -> str:
+    """flodl's ``docker compose run --rm <service> bash -c 'cd … && CARGO_TARGET_DIR=… cargo …'``.
+
+    Run from the project root with flodl's variables set through env(1) (bash
+    treats ``UID=…`` as an assignment to its read-only variable); ``-T``, a
+    name, the run's labels and the compile cache's flags are what fdl-tasks adds.
+    """
+    cache_flags, target = container_cache(job, controller, compose.workspace, cache)
+    variables = {"CARGO_TARGET_DIR": target, **cross_variables(job.spec)}
+    build = f"{assignments(variables)} {shlex.join(cargo_argv(job.spec))}"
+    if cache:
+        build = with_stats(build, CONTAINER_SCCACHE, target)
+    inner = f"cd {shlex.quote(join_path(compose.workspace, job.spec.crate_dir))} && {build}"
+    environment = compose_environment(controller.path, job.spec.arch, ids)
+    argv = [
+        "env",
+        *(f"{name}={value}" for name, value in environment.items()),
+        *compose_argv,
+        "run",
+        "--rm",
+        "-T",
+        *container_identity(run_id, job),
+        *cache_flags,
+        job.spec.service or compose.service,
+        "bash",
+        "-c",
+        inner,
+    ]
+    return f"cd {shlex.quote(controller.path)} && exec " + shlex.join(argv)
+
+
+class ComposeBackend(ContainerBackend):
+    """``docker compose run`` of ``controller.docker``'s service (or a cross setup's)."""
+
+    def __init__(
+        self, controller: Controller, compose: ComposeService, compose_argv: Sequence[str]
+    ) -> None:
+        self.controller, self.compose, self.compose_argv = controller, compose, compose_argv
+        self.ids = user_ids()
+        self.tool = f"{' '.join(compose_argv)} run"
+
+    def check(self, jobs: Sequence[BuildJob]) -> None:
+        """Each service resolves to local images under each build's variables, and the
+        project's networks exist before builds start in parallel."""
+        root = self.controller.path
+        services: dict[str, list[dict[str, str]]] = {}
+        for job in jobs:
+            environment = compose_environment(root, job.spec.arch, self.ids)
+            services.setdefault(job.spec.service or self.compose.service, []).append(environment)
+        for service, environments in services.items():
+            check_docker(
+                compose_images(self.compose_argv, service, root, environments),
+                f"the images of compose service {service!r}",
+            )
+            create_compose_networks(self.compose_argv, service, root, environments[0])
+
+    def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
+        return compose_command(
+            job, self.controller, self.compose, self.compose_argv, run_id, self.ids, cache
+        )

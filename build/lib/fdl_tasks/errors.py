@@ -1,0 +1,18 @@
+"""The exception types a run raises to the task boundary."""
+
+
+class FdlError(Exception):
+    """A problem the user can act on: bad input, a missing tool, a failed host.
+
+    Tasks turn it into one readable paragraph on stderr and a non-zero exit,
+    never a traceback.
+    """
+
+
+class Stopped(Exception):
+    """The user stopped the run (Ctrl-C, SIGTERM): every build was stopped, nothing published.
+
+    Not an :class:`FdlError`: a watch loop must tell "the user stopped it" from
+    "a build failed" (it keeps watching after a failure, never after a stop).
+    Tasks turn it into one line and exit code 130.
+    """

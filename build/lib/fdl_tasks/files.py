@@ -1,0 +1,77 @@
+"""Files on the shared mount: atomic replacement, log tails, the project lock."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from fdl_tasks.errors import FdlError
+
+
+def replace_atomically(path: Path, fill: Callable[[Path], object]) -> None:
+    """``fill`` writes a hidden partial file beside ``path``, which then replaces it:
+    readers see the old file or the new one, never a half-written one."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        fill(partial)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise FdlError(f"cannot write {path}: {exc}") from None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically."""
+    replace_atomically(path, lambda partial: partial.write_text(text, encoding="utf-8"))
+
+
+def copy_atomically(source: Path, destination: Path) -> bool:
+    """Replace ``destination`` with a copy of ``source`` (mode and times kept), atomically;
+    ``False`` when it already is one (same size and modification time, as ``copy2`` leaves)."""
+    try:
+        want, have = source.stat(), destination.stat()
+        if (want.st_size, want.st_mtime_ns) == (have.st_size, have.st_mtime_ns):
+            return False
+    except FileNotFoundError:
+        pass
+    replace_atomically(destination, lambda partial: shutil.copy2(source, partial))
+    return True
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a log ('' if it cannot be read): what a failure shows."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+@contextlib.contextmanager
+def project_lock(path: Path, report: Callable[[str], None]) -> Iterator[None]:
+    """One prebuild per project tree at a time; a second one waits its turn, saying so."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = path.open("a+")
+    except OSError as exc:
+        raise FdlError(f"the target tree is not writable: cannot create {path} ({exc})") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            report(
+                f"prebuild: waiting for the prebuild already running on this project "
+                f"({holder}) to finish"
+            )
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}\n")
+        lock.flush()
+        yield

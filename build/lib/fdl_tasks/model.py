@@ -1,0 +1,195 @@
+"""The cluster.yaml model: frozen value classes, no I/O.
+
+Validation of single values lives in the kinds below (each an ``Annotated``
+alias whose structure hook in :mod:`fdl_tasks.loader` checks it), so a bad
+value is reported with its exact key path while type checkers still see a
+plain ``str``; cross-field rules (duplicate host labels) are checked by the
+loader after structuring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import attrs
+
+from fdl_tasks.errors import FdlError
+
+#: A host label: used as a directory name under ``target/cluster/``.
+HostLabel = Annotated[str, "HostLabel"]
+#: A libtorch variant relative to ``<path>/libtorch/``, e.g. ``precompiled/cu128``.
+Arch = Annotated[str, "Arch"]
+#: An absolute filesystem path as one host sees it.
+AbsPath = Annotated[str, "AbsPath"]
+#: The value of an environment variable (YAML numbers are accepted and kept as text).
+EnvValue = Annotated[str, "EnvValue"]
+#: A Docker image reference, possibly with ``{cuda_version}`` / ``{cuda_tag}``.
+ImageTemplate = Annotated[str, "ImageTemplate"]
+#: A path Docker bind-mounts (``-v SOURCE:TARGET``): absolute, without ``:`` or ``,``.
+MountPath = Annotated[str, "MountPath"]
+#: A TCP port, 1 to 65535.
+Port = Annotated[int, "Port"]
+#: One ssh_config-style option, ``Key=Value``.
+SshOption = Annotated[str, "SshOption"]
+#: An environment variable name.
+EnvName = Annotated[str, "EnvName"]
+#: A variable a worker's process gets at launch: not one the launcher owns.
+LaunchEnvName = Annotated[str, "LaunchEnvName"]
+#: A CUDA release such as ``12.8`` or ``12.6.3``.
+CudaRelease = Annotated[str, "CudaRelease"]
+#: A CPU architecture as ``uname -m`` names it: ``x86_64``, ``aarch64``.
+CpuArch = Annotated[str, "CpuArch"]
+#: A Rust target triple such as ``aarch64-unknown-linux-gnu``.
+RustTarget = Annotated[str, "RustTarget"]
+#: A program to run: a command name or an absolute path, one word.
+Program = Annotated[str, "Program"]
+#: A docker compose service name, flodl's ``controller.docker: cuda``.
+ServiceName = Annotated[str, "ServiceName"]
+#: flodl's host-RAM share for integrated GPUs: a finite, non-negative number.
+RamShare = Annotated[float, "RamShare"]
+#: An sccache-dist scheduler's URL: ``http://10.0.0.5:10600``, ``https://sccache.example.org``.
+SchedulerUrl = Annotated[str, "SchedulerUrl"]
+#: A file on the controller: an absolute path, or one starting with ``~/``.
+ControllerFile = Annotated[str, "ControllerFile"]
+
+#: How the controller runs builds (see :attr:`Controller.build_mode`).
+BuildMode = Literal["native", "docker", "compose"]
+
+#: The data path flodl uses when a host declares none.
+DEFAULT_DATA_PATH = "/flodl/data"
+
+
+@attrs.frozen
+class SshSettings:
+    """How to reach one worker; every field falls back to ssh_config, then Fabric."""
+
+    target: str | None = None
+    port: Port | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    options: tuple[SshOption, ...] = ()
+
+
+@attrs.frozen
+class DockerSettings:
+    """How the controller runs a build inside a container.
+
+    ``image`` may contain ``{cuda_version}`` / ``{cuda_tag}``; arches that
+    encode no CUDA version use ``cuda_version`` instead.
+    """
+
+    image: ImageTemplate
+    workspace: MountPath = "/workspace"
+    libtorch: MountPath = "/opt/libtorch"
+    cuda_version: CudaRelease | None = None
+    run_args: tuple[str, ...] = ()
+    env: Mapping[EnvName, EnvValue] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ComposeService:
+    """flodl's form, ``controller.docker: cuda``: build with ``docker compose run <service>``.
+
+    The project's compose file decides the image, the user and the mounts; it
+    mounts the project at ``/workspace`` and reads the variant from the
+    variables flodl sets (``LIBTORCH_HOST_PATH``, ``CUDA_VERSION``, ``CUDA_TAG``).
+    """
+
+    service: ServiceName
+    workspace: str = "/workspace"
+
+
+@attrs.frozen
+class CrossSetup:
+    """How the controller builds for hosts of another CPU architecture.
+
+    Every field has a default: the Rust target and the GNU cross linker that
+    Debian and Ubuntu name for the architecture, the ``docker run`` image or
+    the compose service of the native builds. ``run_args`` and ``env``, when
+    given, replace ``controller.docker``'s for this architecture's builds (a
+    cross image rarely wants the native image's toolchain mounts).
+    """
+
+    target: RustTarget | None = None
+    linker: Program | None = None
+    image: ImageTemplate | None = None
+    service: ServiceName | None = None
+    run_args: tuple[str, ...] | None = None
+    env: Mapping[EnvName, EnvValue] | None = None
+
+
+@attrs.frozen
+class DistSettings:
+    """Distributed compiles (``controller.dist``): sccache-dist's scheduler and the
+    client token, read at build time from a file or a variable (never from this file)."""
+
+    scheduler_url: SchedulerUrl
+    token_file: ControllerFile | None = None
+    token_env: EnvName | None = None
+
+
+@attrs.frozen
+class Controller:
+    """The machine that builds; ``path`` is its view of the shared project root."""
+
+    path: AbsPath
+    arch: Arch | None = None
+    data_path: AbsPath | None = None
+    docker: DockerSettings | ComposeService | None = None
+    cross: Mapping[CpuArch, CrossSetup] = attrs.field(factory=dict)
+    dist: DistSettings | None = None
+    # flodl's own keys: accepted and carried for the launcher, unused here.
+    host: Any = None
+    port: Any = None
+    join: Any = None
+
+    @property
+    def build_mode(self) -> BuildMode:
+        """How builds run: ``native`` cargo, ``docker`` run, or docker ``compose`` run."""
+        if self.docker is None:
+            return "native"
+        return "compose" if isinstance(self.docker, ComposeService) else "docker"
+
+
+@attrs.frozen
+class Worker:
+    """One host of the rig, the controller itself possibly among them."""
+
+    host: HostLabel
+    path: AbsPath
+    arch: Arch | None = None
+    cpu_arch: CpuArch | None = None
+    data_path: AbsPath | None = None
+    ssh: SshSettings = SshSettings()
+    env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)
+    gpu_ram_share: RamShare | None = None
+    # flodl's own keys: accepted and carried for the launcher, unused here.
+    ranks: Any = None
+    local_devices: Any = None
+    nccl_socket_ifname: Any = None
+    tunnel: Any = None
+    docker: Any = None
+
+    @property
+    def ssh_target(self) -> str:
+        """The address ssh connects to: ``ssh.target``, else the label."""
+        return self.ssh.target or self.host
+
+
+@attrs.frozen
+class Cluster:
+    """A whole cluster.yaml."""
+
+    controller: Controller
+    workers: tuple[Worker, ...] = ()
+    env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)
+    gpu_ram_share: RamShare | None = None
+
+    def worker(self, label: str) -> Worker:
+        """The worker called ``label``; a clear error listing the known ones otherwise."""
+        for worker in self.workers:
+            if worker.host == label:
+                return worker
+        known = ", ".join(w.host for w in self.workers) or "none"
+        raise FdlError(f"unknown host {label!r}: cluster.yaml declares {known}")

@@ -1,0 +1,277 @@
+"""The prebuild pipeline: preflight, builds, verification, publication.
+
+Tasks call these with a :class:`~fdl_tasks.run.Run`; each step reports
+progress through ``run.report`` and raises :class:`FdlError` with every
+problem of its step together (:class:`~fdl_tasks.errors.Stopped` when the
+user stops it). Results are returned; the task writes the process
+environment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import attrs
+
+import fdl_tasks.envelope as envelope
+from fdl_tasks.backends import Backend, backend_for
+from fdl_tasks.builder import JobResult
+from fdl_tasks.builds import run_builds
+from fdl_tasks.delivery import Delivery, verify_delivery
+from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.errors import FdlError
+from fdl_tasks.files import project_lock
+from fdl_tasks.layout import LOCK_FILE
+from fdl_tasks.model import Worker
+from fdl_tasks.plan import BuildJob, plan_builds
+from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
+from fdl_tasks.probe import Verdict, report_lines
+from fdl_tasks.remote import Fleet
+from fdl_tasks.rules import check_crate_dir, libtorch_dir
+from fdl_tasks.run import Run
+
+
+@attrs.frozen(kw_only=True)
+class Published:
+    """What a successful prebuild published, and what it verified."""
+
+    command: str
+    entries: Mapping[str, PerHostEnvelope]
+    text: str
+    path: Path
+    results: tuple[JobResult, ...]
+    delivery: Delivery | None
+
+
+def skip_final_collection() -> None:
+    """At exit, leave out the interpreter's last full garbage collection.
+
+    It walks every object the run imported or made (Invoke, Fabric, paramiko,
+    the Docker SDK, pyelftools): 86-164 ms here, 11-16 ms once they are frozen,
+    and all of it after the envelope is published. Registered at exit only, so
+    a task composed after this one collects as usual; the memory goes back
+    with the process. Registering twice registers once.
+    """
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
+
+
+def report_preflight(run: Run, verdicts: Sequence[Verdict], as_json: bool) -> None:
+    """One line per host and a summary; an error on any host stops everything."""
+    for line in report_lines(verdicts):
+        run.report(line)
+    if as_json:
+        print(json.dumps([v.to_json() for v in verdicts], indent=2))
+    failed = [v.host for v in verdicts if v.status == "error"]
+    if failed:
+        raise FdlError(f"preflight found errors on {', '.join(failed)}; nothing was built")
+
+
+def preflight(run: Run, *, abi: bool, as_json: bool = False) -> None:
+    """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``)."""
+    skip_final_collection()
+    run.warn_unlisted_controller()
+    if run.dry:
+        for line in dry_run_lines(run, abi=abi):
+            run.report(line)
+        return
+    with Fleet(run.remotes, run.settings, run.report) as fleet:
+        verdicts = run_preflight(run, fleet, abi=abi)
+    report_preflight(run, verdicts, as_json)
+
+
+def resolve_crate_dir(run: Run, option: str | None, command: str) -> str:
+    """Option, else setting, else ``<root>/<command>`` when it is a crate, else the root."""
+    chosen = option if option is not None else run.settings.crate_dir
+    if chosen:
+        relative = check_crate_dir(chosen)
+    else:
+        relative = command if (run.root / command / "Cargo.toml").is_file() else ""
+    if not (run.root / relative / "Cargo.toml").is_file():
+        raise FdlError(
+            f"no Cargo.toml in {run.root / relative}: pass --crate-dir relative to controller.path"
+        )
+    return relative
+
+
+def cross_cpu_archs(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str]:
+    """Hosts whose CPU architecture (``cpu_arch``, else preflight's ``uname -m``) is not
+    the controller's: they get cross builds."""
+    native = local_build_environment().cpu_arch
+    seen = {v.host: v.facts.cpu_arch for v in verdicts if v.facts and v.facts.cpu_arch}
+    cpu_archs = {w.host: w.cpu_arch or seen.get(w.host) for w in run.remotes}
+    return {host: cpu for host, cpu in cpu_archs.items() if cpu and cpu != native}
+
+
+def plan(
+    run: Run, workers: Sequence[Worker], command: str, crate: str, cpu_archs: Mapping[str, str]
+) -> list[BuildJob]:
+    """The builds, and every variant they link checked on the controller before any runs."""
+    jobs = plan_builds(
+        workers,
+        run.cluster.controller,
+        command,
+        crate,
+        run.settings.shared_builds,
+        cpu_archs=cpu_archs,
+    )
+    missing = sorted(
+        {
+            f"{host} (arch {job.spec.arch}): {libtorch_dir(str(run.root), job.spec.arch)}/lib"
+            for job in jobs
+            for host in job.hosts
+            if not (run.root / "libtorch" / job.spec.arch / "lib").is_dir()
+        }
+    )
+    if missing:
+        raise FdlError(
+            "libtorch variant(s) not found on the controller (a typo in 'arch'?); nothing was "
+            "built: " + "; ".join(missing)
+        )
+    return jobs
+
+
+def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Published | None:
+    """The whole pipeline; what it published (``None`` under --dry).
+
+    Builds are planned from the pinned CPU architectures so that the tool checks
+    overlap the ssh probe, and planned again if preflight found others.
+    ``probe=False`` (a watch cycle) skips preflight; verification still runs.
+    """
+    skip_final_collection()
+    require_verification_possible(run)
+    pinned = cross_cpu_archs(run)
+    jobs = plan(run, run.remotes, command, crate, pinned)
+    backend = backend_for(run.cluster.controller)
+    run.warn_unlisted_controller()
+    if run.dry:
+        for line in dry_run_lines(run, abi=True):
+            run.report(line)
+        run_builds(run, backend, jobs)
+        return None
+    with Fleet(run.remotes, run.settings, run.report) as fleet:
+        if probe:
+            with ThreadPoolExecutor(1) as side:
+                checked = side.submit(backend.check, jobs)  # overlaps the ssh probe
+                verdicts = run_preflight(run, fleet, abi=True)
+                report_preflight(run, verdicts, as_json=False)
+                checked.result()
+            cpu_archs = cross_cpu_archs(run, verdicts)
+            if cpu_archs != pinned:
+                jobs = plan(run, run.remotes, command, crate, cpu_archs)
+                backend.check(jobs)
+        else:
+            backend.check(jobs)
+        return build_and_publish(run, fleet, backend, jobs, command, crate)
+
+
+def build_and_publish(
+    run: Run, fleet: Fleet, backend: Backend, jobs: list[BuildJob], command: str, crate: str
+) -> Published:
+    """Under the project lock: withdraw the command's envelope, build, verify, publish."""
+    with project_lock(run.root / LOCK_FILE, run.report):
+        # Withdraw first: if this run fails, nothing may point a launcher at
+        # binaries that are now stale.
+        envelope.withdraw(run.root, command)
+        results = run_builds(run, backend, jobs)
+        workers = {w.host: w for w in run.remotes}
+        envelopes = {
+            host: PerHostEnvelope.for_worker(workers[host], command, crate, job.spec.cpu_arch)
+            for job in jobs
+            for host in job.hosts
+        }
+        delivery = None
+        if run.settings.verify:
+            built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
+            delivery = verify(run, fleet, envelopes, built)
+        text = envelope.publish(run.root, command, envelopes)
+    path = envelope.published_path(run.root, command)
+    run.report(f"{run.task}: envelope of {command} for {len(envelopes)} host(s) written to {path}")
+    return Published(
+        command=command,
+        entries=envelopes,
+        text=text,
+        path=path,
+        results=tuple(results),
+        delivery=delivery,
+    )
+
+
+def verify(
+    run: Run, fleet: Fleet, envelopes: dict[str, PerHostEnvelope], built: dict[str, Path]
+) -> Delivery:
+    """Every reachable host must run its binary; an unreachable one is a warning unless
+    ``fdl.require_verified``."""
+    delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
+    if delivery.problems:
+        raise FdlError(
+            "delivery verification failed; no envelope was published.\n"
+            + "\n".join(f"  {p}" for p in delivery.problems)
+        )
+    run.report(f"verify: {delivery.summary()}")
+    if delivery.unverified and run.settings.require_verified:
+        raise FdlError(
+            f"{len(delivery.unverified)} host(s) not verified and fdl.require_verified is on; "
+            "no envelope was published: "
+            + "; ".join(f"{h} ({why})" for h, why in sorted(delivery.unverified.items()))
+        )
+    return delivery
+
+
+def require_verification_possible(run: Run) -> None:
+    """``--require-verified`` with ``--no-verify`` would publish what nobody verified."""
+    if run.settings.require_verified and not run.settings.verify:
+        raise FdlError(
+            "fdl.require_verified (--require-verified) needs verification, but it is off "
+            "(--no-verify or fdl.verify false): choose one"
+        )
+
+
+def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published | None:
+    """``build-host``: one host's build, verified and published into the command's envelope.
+
+    The host's entry replaces its old one in the command's published envelope
+    (the other hosts' entries still match their binaries); without a published
+    envelope, the new one holds this host alone.
+    """
+    skip_final_collection()
+    require_verification_possible(run)
+    cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}
+    jobs = plan(run, [worker], command, crate, cpu_archs)
+    jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
+    backend = backend_for(run.cluster.controller)
+    if run.dry:
+        run_builds(run, backend, jobs)
+        return None
+    backend.check(jobs)
+    try:
+        published, _ = envelope.read_published(run.root, command)
+    except FdlError:
+        published = {}
+    with (
+        Fleet([worker], run.settings, run.report) as fleet,
+        project_lock(run.root / LOCK_FILE, run.report),
+    ):
+        envelope.withdraw(run.root, command)
+        results = run_builds(run, backend, jobs)
+        entry = PerHostEnvelope.for_worker(worker, command, crate, jobs[0].spec.cpu_arch)
+        delivery = None
+        if run.settings.verify:
+            built = {worker.host: run.root / jobs[0].built_binary}
+            delivery = verify(run, fleet, {worker.host: entry}, built)
+        current = {w.host for w in run.remotes}
+        merged = {h: e for h, e in published.items() if h in current} | {worker.host: entry}
+        text = envelope.publish(run.root, command, merged)
+    return Published(
+        command=command,
+        entries=merged,
+        text=text,
+        path=envelope.published_path(run.root, command),
+        results=tuple(results),
+        delivery=delivery,
+    )

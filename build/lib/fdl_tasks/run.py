@@ -1,0 +1,80 @@
+"""One task invocation as a value: what every step of a run needs, in one place."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from invoke.context import Context
+
+from fdl_tasks.loader import load_cluster
+from fdl_tasks.model import Cluster, Worker
+from fdl_tasks.rules import HOST_NAME_ENV, controller_label, remote_workers
+from fdl_tasks.settings import Settings
+
+#: Where progress and diagnostics go: one line of text at a time.
+Report = Callable[[str], None]
+
+
+def report_to_stderr(message: str) -> None:
+    """Progress and diagnostics go to stderr; stdout is for what ``--json`` asks for."""
+    print(message, file=sys.stderr, flush=True)
+
+
+@attrs.frozen
+class Run:
+    """Invoke's context, the cluster, which host this is, the settings and the reporter."""
+
+    c: Context
+    cluster: Cluster
+    controller: str
+    settings: Settings
+    report: Report = report_to_stderr
+    #: What progress lines start with: the task's name.
+    task: str = "prebuild"
+    #: The controller's label is this machine's hostname (no option, setting or variable).
+    by_hostname: bool = False
+
+    @classmethod
+    def start(cls, c: Context, *, label: str = "prebuild", **options: Any) -> Run:
+        """Settings from ``c.config.fdl`` and the task's options, then the cluster file."""
+        settings = Settings.from_config(c.config.get("fdl", {}), **options)
+        from_environment = os.environ.get(HOST_NAME_ENV)
+        controller = controller_label(
+            settings.controller_host, from_environment, socket.gethostname()
+        )
+        named = settings.controller_host or from_environment
+        cluster = load_cluster(settings.cluster_file)
+        return cls(c, cluster, controller, settings, task=label, by_hostname=not named)
+
+    def warn_unlisted_controller(self) -> None:
+        """Said once, before any host is contacted: when only the hostname names the
+        controller and no host of the cluster file carries it, every worker is remote,
+        the controller's own entry included, which is rarely what was meant."""
+        if self.by_hostname and all(w.host != self.controller for w in self.cluster.workers):
+            self.report(
+                f"{self.task}: warning: this machine's hostname {self.controller!r} names no "
+                f"host of {self.settings.cluster_file}, so every worker is treated as remote; "
+                f"if one of them is this machine, name it with --controller-host, "
+                f"${HOST_NAME_ENV} or fdl.controller_host"
+            )
+
+    @property
+    def dry(self) -> bool:
+        """``inv --dry``: print every command, run none."""
+        return bool(self.c.config.run.dry)
+
+    @property
+    def remotes(self) -> tuple[Worker, ...]:
+        """Every worker but the controller (compared by label, never by address)."""
+        return remote_workers(self.cluster, self.controller)
+
+    @property
+    def root(self) -> Path:
+        """The controller's view of the shared project root."""
+        return Path(self.cluster.controller.path)

@@ -1,0 +1,209 @@
+"""The Invoke tasks: read options and settings, call the pipeline, report.
+
+Progress and diagnostics go to stderr; stdout carries only what ``--json``
+(or ``launch``'s program output) asks for. Flags and exits are
+:mod:`fdl_tasks.cli`'s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from invoke.collection import Collection
+from invoke.context import Context
+
+import fdl_tasks.pipeline as pipeline
+from fdl_tasks.binaries import check_binary
+from fdl_tasks.clean import clean_target_tree, stale_warning
+from fdl_tasks.cli import fdl_task, off, require_command
+from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, encode
+from fdl_tasks.errors import FdlError
+from fdl_tasks.launch import launch as launch_on_workers
+from fdl_tasks.run import Run
+from fdl_tasks.settings import namespace_defaults
+
+HELP = {
+    "cluster-file": "the cluster file to read (default: fdl.cluster_file, 'cluster.yaml')",
+    "controller-host": "this machine's host label (default: $FLODL_HOST_NAME, else hostname)",
+    "json": "print a machine-readable result on stdout",
+    "cmd": "the command to build (cargo --bin name); required",
+    "crate-dir": "crate directory relative to controller.path (default: <cmd>/ if it holds "
+    "a Cargo.toml, else the project root)",
+    "no-cache": "build without the compile cache (sccache), every build from scratch",
+}
+
+
+@fdl_task(
+    help={
+        "cluster-file": HELP["cluster-file"],
+        "controller-host": HELP["controller-host"],
+        "json": HELP["json"],
+        "no-prebuild": "check only the data paths, not the ABI gate (no binary will ship)",
+    }
+)
+def preflight(
+    c: Context,
+    cluster_file: str | None = None,
+    controller_host: str | None = None,
+    no_prebuild: bool = False,
+    json: bool = False,
+) -> None:
+    """Probe every host (ssh, in parallel) for readiness before any build."""
+    run = Run.start(
+        c, cluster_file=cluster_file, controller_host=controller_host, label="preflight"
+    )
+    pipeline.preflight(run, abi=not no_prebuild, as_json=json)
+
+
+@fdl_task(
+    help={
+        **HELP,
+        "host": "the worker's host label in the cluster file; required",
+        "json": "print the host's envelope entry on stdout",
+    }
+)
+def build_host(
+    c: Context,
+    host: str | None = None,
+    cmd: str | None = None,
+    crate_dir: str | None = None,
+    cluster_file: str | None = None,
+    controller_host: str | None = None,
+    no_cache: bool = False,
+    json: bool = False,
+) -> None:
+    """Build one host's binary against its own libtorch, verify it, update its envelope entry."""
+    if not host:
+        raise FdlError("--host is required: the label of the worker to build for")
+    command = require_command(cmd)
+    options = {"cluster_file": cluster_file, "controller_host": controller_host}
+    run = Run.start(c, **options, compile_cache=off(no_cache), label="build-host")
+    worker = run.cluster.worker(host)
+    if worker.host == run.controller:
+        raise FdlError(f"{host!r} is the controller: its build is the normal local build")
+    crate = pipeline.resolve_crate_dir(run, crate_dir, command)
+    check_binary(command, run.root / crate)
+    published = pipeline.build_one(run, worker, command, crate)
+    if published is None:
+        return
+    os.environ[ENV_PREBUILD_PER_HOST] = published.text
+    entry = encode({host: published.entries[host]})
+    run.report(f"build-host: envelope entry {entry}")
+    if json:
+        print(entry)
+
+
+@fdl_task(
+    help={
+        **HELP,
+        "jobs": "how many builds may run at once (default: fdl.build_jobs, else one per "
+        "core, two per core when every target dir is already built)",
+        "no-prebuild": "run only the data-path preflight; build and publish nothing",
+        "per-host": "one build per host even where builds are identical (full isolation)",
+        "no-verify": "skip delivery verification (hash, libraries, glibc) on the hosts",
+        "require-verified": "fail when a host cannot be asked to verify its copy "
+        "(default: fdl.require_verified, off: an unreachable host is a warning)",
+        "timeout": "seconds one build may take (default: fdl.build_timeout, 3600)",
+        "watch": "after the prebuild, rebuild and republish whenever a source changes",
+    }
+)
+def prebuild(
+    c: Context,
+    cmd: str | None = None,
+    crate_dir: str | None = None,
+    cluster_file: str | None = None,
+    controller_host: str | None = None,
+    jobs: int = 0,
+    no_prebuild: bool = False,
+    per_host: bool = False,
+    no_verify: bool = False,
+    require_verified: bool = False,
+    timeout: int = 0,
+    no_cache: bool = False,
+    watch: bool = False,
+    json: bool = False,
+) -> None:
+    """Preflight, then build CMD once per remote build environment and publish its envelope."""
+    command = require_command(cmd)
+    run = Run.start(
+        c,
+        cluster_file=cluster_file,
+        controller_host=controller_host,
+        build_jobs=jobs or None,
+        build_timeout=timeout or None,
+        shared_builds=off(per_host),
+        verify=off(no_verify),
+        require_verified=require_verified or None,
+        compile_cache=off(no_cache),
+    )
+    if no_prebuild:
+        pipeline.preflight(run, abi=False)
+        return
+    crate = pipeline.resolve_crate_dir(run, crate_dir, command)
+    check_binary(command, run.root / crate)
+    if watch:
+        from fdl_tasks.watch import watch_and_rebuild
+
+        watch_and_rebuild(run, command, crate, as_json=json)
+        return
+    os.environ.pop(ENV_PREBUILD_PER_HOST, None)
+    published = pipeline.prebuild(run, command, crate)
+    if published is None:
+        return
+    os.environ[ENV_PREBUILD_PER_HOST] = published.text
+    stale_warning(run)
+    if json:
+        print(published.text)
+
+
+def _remainder_args() -> list[str]:
+    """Arguments after ``--`` on the ``inv`` command line, exactly as the shell split them.
+
+    Invoke keeps the remainder only as one space-joined string, which would
+    lose quoting, so the task reads them from ``sys.argv`` itself.
+    """
+    return sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else []
+
+
+@fdl_task(
+    help={
+        "cluster-file": HELP["cluster-file"],
+        "controller-host": HELP["controller-host"],
+        "cmd": "the command whose prebuilt binary to run; required",
+    }
+)
+def launch(
+    c: Context,
+    cmd: str | None = None,
+    cluster_file: str | None = None,
+    controller_host: str | None = None,
+) -> None:
+    """Run the prebuilt CMD on every remote worker (arguments after --); lines prefixed [host]."""
+    command = require_command(cmd)
+    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host, label="launch")
+    launch_on_workers(run, command, _remainder_args())
+
+
+@fdl_task(
+    help={
+        "cluster-file": HELP["cluster-file"],
+        "controller-host": HELP["controller-host"],
+        "dry": "list what would be removed, remove nothing (like inv --dry clean)",
+        "all": "remove every build tree under target/cluster/, in use or not",
+    }
+)
+def clean(
+    c: Context,
+    cluster_file: str | None = None,
+    controller_host: str | None = None,
+    dry: bool = False,
+    all: bool = False,
+) -> None:
+    """Remove target dirs under target/cluster/ that no current host, variant or image uses."""
+    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host, label="clean")
+    clean_target_tree(run, list_only=dry or run.dry, everything=all)
+
+
+ns = Collection(preflight, build_host, prebuild, launch, clean)
+ns.configure({"fdl": namespace_defaults()})

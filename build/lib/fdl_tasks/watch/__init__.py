@@ -1,0 +1,44 @@
+"""``prebuild --watch``: every host's binary rebuilt as the user saves.
+
+One full prebuild first (preflight, builds, verification, publication), then
+a cycle whenever a file the build depends on changes:
+
+- what counts (:mod:`.scope`, :mod:`.buildscripts`): ``*.rs``, ``Cargo.toml``,
+  ``Cargo.lock``, ``.cargo/config*`` and ``rust-toolchain*`` anywhere in the
+  workspace (path dependencies live beside the crate); what a build script
+  declares with ``cargo:rerun-if-changed`` (read from ``release/build/*/output``
+  in the cycle's target dirs, container paths mapped back to the controller),
+  or its whole package when it declares nothing, as cargo does; each variant's
+  ``libtorch/<arch>``; the cluster file (re-read, then preflight again). Never
+  ``target/``, VCS or tool caches, editor swap files, or what the tool writes;
+- when (:mod:`.debounce`): a burst of saves is one cycle once the tree is
+  quiet for ``fdl.watch_debounce`` seconds; saves during a cycle queue exactly
+  one more after it; a cycle in progress is never cut short;
+- how (:mod:`.plan`, :mod:`.polling`, :mod:`.filewatch`): ``watchfiles``
+  (inotify) over the workspace but ``target/``, or its polling where inotify
+  cannot see other hosts' writes (the project root on NFS, SMB, 9p, virtiofs,
+  a FUSE mount such as sshfs or an S3 bucket; detected from
+  ``/proc/self/mountinfo``) or when ``fdl.watch_polling`` says so.
+
+Each cycle (:mod:`.session`) is :func:`fdl_tasks.pipeline.prebuild`, so every
+guarantee holds: a failed cycle has withdrawn the envelope and prints every
+host's diagnostics together, and watching goes on; Ctrl-C or SIGTERM
+(:class:`~fdl_tasks.errors.Stopped`) ends the watcher with the last good
+envelope or none, and no build container.
+
+``inv launch`` asks :func:`wait_for_watch` (:mod:`.launchwait`) first: while a
+cycle is pending or building (state in ``target/cluster/_watch/<command>.json``,
+the watcher's liveness from a lock it holds, :mod:`.files`), or a watched file
+is newer than the last cycle's start, it waits, boundedly, for the new envelope.
+
+Pure modules (no I/O): scope, buildscripts, plan, polling, debounce, lines.
+Thin I/O modules: workspace (the walk), files (state, lock), filewatch and
+watcher (watchfiles threads), session (the loop), launchwait.
+"""
+
+from __future__ import annotations
+
+from fdl_tasks.watch.launchwait import wait_for_watch
+from fdl_tasks.watch.session import watch_and_rebuild
+
+__all__ = ["wait_for_watch", "watch_and_rebuild"]

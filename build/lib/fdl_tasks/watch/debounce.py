@@ -1,0 +1,82 @@
+"""When to start a cycle: the debounce and coalescing state machine.
+
+Pure, with the time passed in, so a whole editing session can be simulated
+in a test without sleeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from fdl_tasks.watch.polling import POLL_MS
+from fdl_tasks.watch.scope import Kind
+
+#: A burst of changes never delays a cycle longer than this many debounce periods.
+LONGEST_FACTOR = 10
+
+
+@attrs.define
+class Debouncer:
+    """Changes collect into one pending batch. It is due once nothing has changed
+    for ``quiet`` seconds (or ``longest`` after its first change, so a steady
+    trickle cannot starve the build), and never while a cycle builds: what
+    changes then becomes exactly one batch, due after it.
+    """
+
+    quiet: float
+    longest: float
+    building: bool = False
+    changes: dict[str, Kind] = attrs.field(factory=dict)
+    first: float | None = None
+    last: float | None = None
+
+    @classmethod
+    def for_watch(cls, debounce: float, polling: bool) -> Debouncer:
+        """A watcher's, building its first cycle: ``debounce`` is ``fdl.watch_debounce``;
+        polling sees a save only at its next walk, so a burst spans more than one walk."""
+        quiet = max(debounce, 1.5 * POLL_MS / 1000) if polling else debounce
+        return cls(quiet, LONGEST_FACTOR * quiet, building=True)
+
+    def add(self, changes: Mapping[str, Kind], now: float) -> None:
+        if not changes:
+            return
+        self.changes.update(changes)
+        if self.first is None:
+            self.first = now
+        self.last = now
+
+    def due_at(self) -> float | None:
+        """When the pending batch starts (``None``: nothing pending, or a cycle builds)."""
+        if self.building or self.first is None or self.last is None:
+            return None
+        return min(self.last + self.quiet, self.first + self.longest)
+
+    def due(self, now: float) -> bool:
+        due = self.due_at()
+        return due is not None and now >= due
+
+    def start(self) -> dict[str, Kind]:
+        """A cycle starts: it takes the pending batch."""
+        if self.building:
+            raise RuntimeError("a cycle is already building")
+        batch, self.changes = self.changes, {}
+        self.first = self.last = None
+        self.building = True
+        return batch
+
+    def finish(self) -> None:
+        """The cycle ended; what changed meanwhile is due once quiet (often at once)."""
+        self.building = False
+
+    @property
+    def state(self) -> str:
+        if self.building:
+            return "building"
+        return "pending" if self.first is not None else "idle"
+
+    @property
+    def queued(self) -> bool:
+        """A change arrived while building: one more cycle follows."""
+        return self.building and self.first is not None

@@ -1,0 +1,182 @@
+"""The watcher's files under ``target/cluster/_watch/``: its state, its lock, its clock.
+
+``inv launch`` runs in another process, maybe on another host of the shared
+mount: these files are all it knows of the watcher. The state says what the
+watcher does (written atomically); the lock, held for the watcher's life,
+says whether it still lives; the stamp's mtime is the file system's clock
+when a cycle started, comparable with the sources' mtimes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+from fdl_tasks.errors import FdlError
+from fdl_tasks.files import write_atomically
+from fdl_tasks.layout import WATCH_DIR
+from fdl_tasks.run import Report
+from fdl_tasks.watch.scope import Scope
+
+
+@attrs.frozen
+class WatchFiles:
+    """The paths of one command's watcher."""
+
+    root: Path
+    command: str
+
+    @property
+    def directory(self) -> Path:
+        return self.root / WATCH_DIR
+
+    @property
+    def state(self) -> Path:
+        return self.directory / f"{self.command}.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.directory / f"{self.command}.lock"
+
+    @property
+    def stamp(self) -> Path:
+        """Touched when a cycle starts: its mtime is the file system's clock then."""
+        return self.directory / f"{self.command}.stamp"
+
+
+def read_state(path: Path) -> dict[str, Any] | None:
+    """The state a watcher wrote, or ``None`` (no watcher, or unreadable)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class StateFile:
+    """The watcher's state file: rewritten only when it changes (watcher threads and
+    the cycle write it), a failure to write warned about once."""
+
+    def __init__(self, files: WatchFiles, report: Report) -> None:
+        self.files, self.report = files, report
+        self._lock = threading.Lock()
+        self._written = ""
+        self._failed = False
+
+    def write(
+        self, state: str, queued: bool, cycle: int, snapshot: float | None, scope: Scope
+    ) -> None:
+        """What the watcher does: ``state`` is ``idle``, ``pending``, ``building`` or
+        ``failed`` (idle after a failed cycle); ``snapshot``: the last cycle's stamp."""
+        data = {
+            "version": 1,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": self.files.command,
+            "state": state,
+            "queued": queued,
+            "cycle": cycle,
+            "snapshot": snapshot,
+            "scope": scope.to_json(),
+        }
+        text = json.dumps(data, sort_keys=True)
+        with self._lock:
+            if text == self._written:
+                return
+            try:
+                write_atomically(self.files.state, text + "\n")
+                self._written = text
+            except FdlError as exc:
+                if not self._failed:
+                    self._failed = True
+                    self.report(f"watch: warning: {exc}; inv launch cannot wait for cycles")
+
+    def remove(self) -> None:
+        """The state and any partial copy: a watcher that ended leaves nothing to wait for."""
+        with contextlib.suppress(OSError):
+            self.files.state.unlink(missing_ok=True)
+        for partial in self.files.directory.glob(f".{self.files.state.name}.*.partial"):
+            with contextlib.suppress(OSError):
+                partial.unlink()
+
+
+def touch_stamp(files: WatchFiles) -> float | None:
+    """The file system's time now (its clock stamps the sources' mtimes too)."""
+    try:
+        files.stamp.touch()
+        os.utime(files.stamp, None)
+        return files.stamp.stat().st_mtime
+    except OSError:
+        return None
+
+
+def hold_lock(files: WatchFiles) -> IO[str]:
+    """The watcher's lock, held for its lifetime: launch tells a live watcher by it."""
+    try:
+        files.directory.mkdir(parents=True, exist_ok=True)
+        lock = files.lock.open("a+")
+    except OSError as exc:
+        raise FdlError(
+            f"the target tree is not writable: cannot create {files.lock} ({exc})"
+        ) from None
+    deadline = time.monotonic() + 2.0  # a launch may hold it shared for an instant
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            lock.close()
+            holder = read_state(files.state) or {}
+            raise FdlError(
+                f"a prebuild watcher for {files.command} already runs on this project "
+                f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}); stop it first"
+            ) from None
+        except OSError:
+            return lock  # no locks on this file system: launch falls back to the pid
+
+
+def watcher_alive(files: WatchFiles, state: Mapping[str, Any]) -> bool:
+    """The watcher holds its lock while it lives (the pid where locks do not work)."""
+    try:
+        lock = files.lock.open("r")
+    except OSError:
+        return _pid_alive(state)
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return _pid_alive(state)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return False
+
+
+def _pid_alive(state: Mapping[str, Any]) -> bool:
+    """Without file locks: the pid, when the watcher runs on this host (a watcher on
+    another host cannot be asked: it counts as alive, and the wait is bounded)."""
+    if state.get("host") != socket.gethostname():
+        return True
+    pid = state.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

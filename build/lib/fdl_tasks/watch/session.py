@@ -1,0 +1,193 @@
+"""``inv prebuild --watch``: the loop of cycles, each one :func:`fdl_tasks.pipeline.prebuild`.
+
+Thin: the cycles run in the main thread, so Ctrl-C and SIGTERM stop a build
+the way they stop a plain prebuild; file events arrive from the
+:class:`~fdl_tasks.watch.watcher.Watcher`'s threads.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import time
+from collections.abc import Mapping
+
+import attrs
+
+from fdl_tasks import pipeline
+from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, published_path
+from fdl_tasks.errors import FdlError, Stopped
+from fdl_tasks.interrupts import sigterm_as_interrupt
+from fdl_tasks.loader import load_cluster
+from fdl_tasks.run import Run
+from fdl_tasks.watch.buildscripts import target_dirs
+from fdl_tasks.watch.files import StateFile, WatchFiles, hold_lock, touch_stamp
+from fdl_tasks.watch.lines import (
+    build_labels,
+    cycle_line,
+    describe_changes,
+    failed_line,
+    passes_through,
+    stopped_line,
+    verified_text,
+)
+from fdl_tasks.watch.scope import Kind, Scope
+from fdl_tasks.watch.watcher import Watcher
+from fdl_tasks.watch.workspace import package_dirs, survey
+
+
+class Session:
+    """One ``prebuild --watch``: what the last cycle left, and what the next one needs."""
+
+    def __init__(self, run: Run, command: str, crate: str, as_json: bool) -> None:
+        self.run, self.command, self.crate, self.as_json = run, command, crate, as_json
+        self.files = WatchFiles(run.root, command)
+        self.state_file = StateFile(self.files, run.report)
+        self.root = posixpath.normpath(str(run.root))
+        self.cluster_file = posixpath.normpath(os.path.abspath(run.settings.cluster_file))
+        self.cycle = 0
+        self.last_ok: bool | None = None
+        self.snapshot: float | None = None
+        #: The cluster file changed: re-read it, then preflight again.
+        self.reload = False
+        self.probe = True
+        self.target_dirs: list[tuple[str, str | None]] = []
+        #: Package name → directories; ``None`` after a manifest changed.
+        self.packages: dict[str, list[str]] | None = None
+        settings = run.settings
+        self.watcher = Watcher(
+            run.root,
+            self.survey(),
+            settings.watch_polling,
+            settings.watch_debounce,
+            run.report,
+            self.write_state,
+        )
+
+    def survey(self) -> Scope:
+        """The scope now: new variants, packages, build script inputs."""
+        if self.packages is None:
+            self.packages = package_dirs(self.root)
+        return survey(
+            self.run, self.cluster_file, self.packages, self.target_dirs, self.files.directory
+        )
+
+    def write_state(self) -> None:
+        """Tell launch what the watcher does (called from watcher threads too)."""
+        state, queued = self.watcher.status()
+        if state == "idle" and self.last_ok is False:
+            state = "failed"
+        self.state_file.write(state, queued, self.cycle, self.snapshot, self.watcher.scope)
+
+    def reload_cluster(self) -> None:
+        cluster = load_cluster(self.run.settings.cluster_file)
+        old = self.run.cluster.controller.path
+        if cluster.controller.path != old:
+            raise FdlError(
+                f"controller.path changed from {old} to {cluster.controller.path}: stop this "
+                "watcher (Ctrl-C) and start it again to watch the new tree"
+            )
+        self.run = attrs.evolve(self.run, cluster=cluster)
+        self.reload = False
+
+    def quiet_run(self, lines: list[str]) -> Run:
+        """The run with progress kept back (warnings and waits still shown at once)."""
+        report = self.run.report
+
+        def keep(line: str) -> None:
+            lines.append(line)
+            if passes_through(line):
+                report(line)
+
+        return attrs.evolve(self.run, report=keep)
+
+    def run_cycle(self, batch: Mapping[str, Kind]) -> None:
+        """One prebuild; a failure is reported and watching goes on."""
+        self.cycle += 1
+        first = self.cycle == 1
+        started = time.monotonic()
+        self.snapshot = touch_stamp(self.files)
+        self.write_state()
+        what = "initial prebuild" if first else describe_changes(batch, self.root)
+        if Kind.CLUSTER in batch.values():
+            self.reload = True
+        if Kind.MANIFEST in batch.values():
+            self.packages = None
+        lines: list[str] = []
+        try:
+            if self.reload:
+                self.reload_cluster()
+                self.probe = True
+            run = self.run if first else self.quiet_run(lines)
+            published = pipeline.prebuild(run, self.command, self.crate, probe=self.probe)
+        except FdlError as exc:
+            os.environ.pop(ENV_PREBUILD_PER_HOST, None)
+            self.last_ok, self.probe = False, True
+            for line in [*(line for line in lines if not passes_through(line)), str(exc)]:
+                for part in line.splitlines():
+                    self.run.report(part)
+            self.run.report(failed_line(self.cycle, time.monotonic() - started, what))
+            return
+        probed, self.last_ok, self.probe = self.probe and not first, True, False
+        if published is None:  # --dry
+            return
+        os.environ[ENV_PREBUILD_PER_HOST] = published.text
+        results = published.results
+        self.target_dirs = target_dirs(results)
+        rebuilt = build_labels([r.job.spec for r in results if r.rebuilt])
+        fresh = sum(1 for r in results if not r.rebuilt)
+        verified = verified_text(published.delivery)
+        seconds = time.monotonic() - started
+        self.run.report(cycle_line(self.cycle, seconds, what, rebuilt, fresh, verified, probed))
+        if self.as_json:
+            print(published.text, flush=True)
+
+    def serve(self) -> None:
+        """The first prebuild, then a cycle per settled batch of changes, until stopped."""
+        self.watcher.rewatch()  # before the first build: edits made during it are not lost
+        self.run.report(
+            f"watch: watching {self.root} for {self.command}'s sources ({self.watcher.how}); "
+            "the first cycle is a full prebuild; Ctrl-C stops"
+        )
+        batch: dict[str, Kind] = {}
+        while True:
+            self.run_cycle(batch)
+            self.watcher.scope = self.survey()
+            self.watcher.finish()
+            self.write_state()
+            self.watcher.rewatch()
+            batch = self.watcher.next_batch()
+
+    def stopped_message(self) -> str:
+        published = published_path(self.run.root, self.command).is_file()
+        building = self.watcher.debouncer.building
+        return stopped_line(self.command, self.cycle, building, published, self.last_ok is True)
+
+    def close(self) -> None:
+        self.watcher.stop()
+        self.state_file.remove()
+
+
+def watch_and_rebuild(run: Run, command: str, crate: str, *, as_json: bool = False) -> None:
+    """``inv prebuild --watch``: a full prebuild, then one cycle per settled change.
+
+    Returns only by :class:`Stopped` (Ctrl-C, SIGTERM; a stopped build raises it
+    too); a failed cycle is reported and watching goes on.
+    """
+    if run.dry:
+        run.report("watch: --dry prints the commands of one cycle and does not watch")
+        pipeline.prebuild(run, command, crate)
+        return
+    lock = hold_lock(WatchFiles(run.root, command))
+    session: Session | None = None
+    try:
+        with sigterm_as_interrupt():
+            session = Session(run, command, crate, as_json)
+            session.serve()
+    except (KeyboardInterrupt, Stopped):
+        message = session.stopped_message() if session else "watch stopped before its first cycle"
+        raise Stopped(message) from None
+    finally:
+        if session is not None:
+            session.close()
+        lock.close()
