@@ -19,6 +19,7 @@ from typing import Any
 from fdl_tasks.model import (
     AbsPath,
     Arch,
+    CargoFeature,
     CpuArch,
     CudaRelease,
     EnvName,
@@ -42,6 +43,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MACHINE = re.compile(r"[a-z0-9][a-z0-9_]*")
 _TARGET = re.compile(r"[a-z0-9_]+(?:-[a-z0-9_.]+){2,3}")
 _SERVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_FEATURE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_][A-Za-z0-9_+-]*)?")
 #: Variables flodl's launcher sets per rank; fdl-cli refuses them in a cluster's ``env``.
 LAUNCHER_OWNED = frozenset(
     {
@@ -255,6 +257,11 @@ def check_ssh_option(value: object) -> SshOption:
     return text
 
 
+def check_feature(value: object) -> CargoFeature:
+    """A cargo feature (``cuda``, ``rocm``, ``dep/feat``): one word for ``--features``."""
+    return matching(value, _FEATURE, "cargo feature", "is not a feature name such as 'rocm'")
+
+
 def check_int(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidValue(f"expected an integer, got {kind_of(value)}")
@@ -279,4 +286,5 @@ CHECKS: dict[Any, Callable[[object], object]] = {
     CpuArch: check_cpu_arch,
     RustTarget: check_rust_target,
     Program: check_program,
+    CargoFeature: check_feature,
 }
