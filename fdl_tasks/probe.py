@@ -156,6 +156,8 @@ class Verdict:
     notes: tuple[str, ...] = ()
     #: The GPU coverage verdict (:class:`fdl_tasks.coverage.Coverage` as JSON), once judged.
     coverage: dict[str, object] | None = None
+    #: The arch ``arch: auto`` chose for the host.
+    arch: str | None = None
 
     def to_json(self) -> dict[str, object]:
         facts = self.facts
@@ -173,6 +175,7 @@ class Verdict:
             "gpus": facts.gpus.to_json()["gpus"] if facts and facts.gpus else None,
             "gpu_tools": list(facts.gpus.tools) if facts and facts.gpus else None,
             "coverage": self.coverage,
+            "arch": self.arch,
             "notes": list(self.notes),
         }
 

@@ -32,6 +32,7 @@ HOSTS = [
     HostSpec("olddriver", "127.0.0.217", gpus="t4-470"),
     HostSpec("pascal", "127.0.0.218", gpus="pascal"),
     HostSpec("plain", "127.0.0.219"),
+    HostSpec("a6000", "127.0.0.220", gpus="a6000x2"),
 ]
 ROCM = "precompiled/rocm6.2"
 VARIANTS = ("precompiled/cu126", "precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu")
@@ -173,3 +174,43 @@ def test_preflight_json_lists_each_hosts_gpus_and_verdict(rig: RigCluster) -> No
     assert verdicts["blackwell"]["coverage"]["state"] == "ok"
     assert verdicts["pascal"]["status"] == "warning"  # a CPU variant on a GPU host
     assert any("CPU-only variant" in w for w in verdicts["pascal"]["warnings"])
+
+
+AUTO_CHOICES = {
+    "blackwell": "builds/sm61-sm120",  # 12.0: only sm61-sm120 lists it
+    "a6000": "precompiled/cu126",  # 8.6: the stock build; sm61-sm120 has no 8.x
+    "amd": ROCM,
+    "plain": "precompiled/cpu",  # no GPU tool, no GPU listed: a CPU node
+}
+
+
+def test_arch_auto_chooses_builds_and_runs_as_if_written_by_hand(rig: RigCluster) -> None:
+    done = prebuild(rig, dict.fromkeys(AUTO_CHOICES, "auto"), "auto.yaml")
+    assert done.returncode == 0, done.stderr
+    for host, arch in AUTO_CHOICES.items():
+        assert f"note     {host}: arch: auto chose {arch}" in done.stderr
+    envelopes = decode(done.stdout, "stdout")
+    for host, arch in AUTO_CHOICES.items():
+        ran = rig.run_on_host(host, str(rig.project), envelopes[host])
+        assert ran.startswith(f"ddp-bench variant={arch} "), ran
+    # Exactly as if written by hand: the same envelope, the same target dirs (no rebuild).
+    by_hand = prebuild(rig, AUTO_CHOICES, "by-hand.yaml")
+    assert by_hand.returncode == 0, by_hand.stderr
+    assert by_hand.stdout == done.stdout
+    assert "Compiling ddp-bench" not in by_hand.stderr
+    again = prebuild(rig, dict.fromkeys(AUTO_CHOICES, "auto"), "auto.yaml")
+    assert again.stdout == done.stdout  # stable from run to run
+
+
+def test_arch_auto_without_a_candidate_lists_each_variant(rig: RigCluster) -> None:
+    done = prebuild(rig, {"olddriver": "auto", "pascal": "auto"}, "auto-none.yaml")
+    assert done.returncode != 0
+    (line,) = [x for x in done.stderr.splitlines() if "error    olddriver:" in x]
+    assert (
+        "arch: auto: no installed variant fits this host (Tesla T4 (no architecture reported))"
+        in line
+    )
+    for arch in ("builds/sm61-sm120", "precompiled/cu126", "precompiled/cu128", ROCM):
+        assert f"{arch}: " in line, line
+    assert "precompiled/cpu: CPU-only variant, the host is NVIDIA" in line
+    assert "Compiling" not in done.stderr and "Traceback" not in done.stderr
