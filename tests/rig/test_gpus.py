@@ -20,7 +20,7 @@ import attrs
 import pytest
 
 from fdl_tasks.envelope import decode
-from rig.harness import OWNER_LABEL, RigCluster, start_rig
+from rig.harness import BUILDER_IMAGE, OWNER_LABEL, RigCluster, start_rig
 from rig.rocm import add_rocm_variant, install_system_rocm, write_arch_file
 from rig.sshrig import HostSpec
 
@@ -214,3 +214,54 @@ def test_arch_auto_without_a_candidate_lists_each_variant(rig: RigCluster) -> No
         assert f"{arch}: " in line, line
     assert "precompiled/cpu: CPU-only variant, the host is NVIDIA" in line
     assert "Compiling" not in done.stderr and "Traceback" not in done.stderr
+
+
+ROCM_IMAGE = "fdl-rig-rocm:6.2"
+
+
+def _images_used(rig: RigCluster, since: float) -> list[str]:
+    events = subprocess.run(
+        [
+            "docker",
+            "events",
+            "--since",
+            f"{since:.3f}",
+            "--until",
+            f"{time.time():.3f}",
+            "--filter",
+            "type=container",
+            "--filter",
+            "event=create",
+            "--filter",
+            f"label={OWNER_LABEL}={rig.owner}",
+            "--format",
+            "{{.Actor.Attributes.image}}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return sorted(events.stdout.split())
+
+
+def test_each_vendor_builds_in_its_own_image_and_one_for_both_is_refused(rig: RigCluster) -> None:
+    subprocess.run(["docker", "tag", f"{BUILDER_IMAGE}:12.8", ROCM_IMAGE], check=True)
+    docker = rig.docker_settings()
+    archs = {"amd": ROCM, "blackwell": "builds/sm61-sm120"}
+    since = time.time()
+    refused = prebuild(rig, archs, "one-image.yaml", docker=docker)
+    assert refused.returncode != 0
+    assert "NVIDIA and AMD hosts but one build environment (NVIDIA: blackwell; AMD: amd)" in (
+        refused.stderr
+    )
+    assert "gpu_builds: {amd: {image: ...}}" in refused.stderr
+    assert _images_used(rig, since) == [] and "Traceback" not in refused.stderr
+    since = time.time()
+    done = prebuild(
+        rig, archs, "two-images.yaml", docker=docker, gpu_builds={"amd": {"image": ROCM_IMAGE}}
+    )
+    assert done.returncode == 0, done.stderr
+    assert _images_used(rig, since) == sorted([ROCM_IMAGE, f"{BUILDER_IMAGE}:12.8"])
+    envelopes = decode(done.stdout, "stdout")
+    assert rig.run_on_host("amd", str(rig.project), envelopes["amd"]).endswith("rocm=on")
