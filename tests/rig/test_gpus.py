@@ -20,7 +20,8 @@ import attrs
 import pytest
 
 from fdl_tasks.envelope import decode
-from rig.harness import BUILDER_IMAGE, OWNER_LABEL, RigCluster, start_rig
+from rig.docker_builder import BUILDER_IMAGE
+from rig.harness import OWNER_LABEL, RigCluster, start_rig
 from rig.rocm import add_rocm_variant, install_system_rocm, write_arch_file
 from rig.sshrig import HostSpec
 
