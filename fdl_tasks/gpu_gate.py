@@ -138,3 +138,12 @@ def with_chosen_archs(cluster: Cluster, verdicts: Sequence[Verdict]) -> Cluster:
         attrs.evolve(w, arch=chosen[w.host]) if w.arch == AUTO else w for w in cluster.workers
     )
     return attrs.evolve(cluster, workers=workers)
+
+
+def expand_auto(workers: Sequence[Worker], root: Path) -> list[Worker]:
+    """Each ``arch: auto`` worker once per installed variant (what ``inv clean`` keeps
+    live: without a probe, any of them may be the host's); other workers as they are."""
+    variants = [item.arch for item in installed_variants(root)]
+    return [attrs.evolve(w, arch=arch) for w in workers for arch in variants if w.arch == AUTO] + [
+        w for w in workers if w.arch != AUTO
+    ]

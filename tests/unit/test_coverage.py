@@ -144,3 +144,24 @@ def test_gate_warns_for_an_unknown_name_unless_features_say(tmp_path: Path) -> N
     assert "features: [rocm]" in gate(_verdict(GpuReport()), worker, tmp_path).warnings[0]
     explicit = Worker("h", "/p", arch="builds/mybuild", features=("rocm",))
     assert gate(_verdict(GpuReport()), explicit, tmp_path).warnings == ()
+
+
+def test_clean_keeps_every_variant_an_auto_host_may_get(tmp_path: Path) -> None:
+    from fdl_tasks.gpu_gate import expand_auto, installed_variants
+
+    for arch in ("precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu"):
+        (tmp_path / "libtorch" / arch / "lib").mkdir(parents=True)
+    (tmp_path / "libtorch/builds/no-lib").mkdir()
+    assert [i.arch for i in installed_variants(tmp_path)] == [
+        "precompiled/cpu",
+        "precompiled/cu128",
+        "builds/sm61-sm120",
+    ]
+    workers = [Worker("a", "/p", arch="auto"), Worker("b", "/p", arch="precompiled/cpu")]
+    expanded = expand_auto(workers, tmp_path)
+    assert sorted((w.host, w.arch) for w in expanded) == [
+        ("a", "builds/sm61-sm120"),
+        ("a", "precompiled/cpu"),
+        ("a", "precompiled/cu128"),
+        ("b", "precompiled/cpu"),
+    ]
