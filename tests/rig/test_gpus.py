@@ -194,6 +194,12 @@ def test_arch_auto_chooses_builds_and_runs_as_if_written_by_hand(rig: RigCluster
     for host, arch in AUTO_CHOICES.items():
         ran = rig.run_on_host(host, str(rig.project), envelopes[host])
         assert ran.startswith(f"ddp-bench variant={arch} "), ran
+    launched = rig.inv(
+        "launch", "--cmd", "ddp-bench", "--cluster-file", str(rig.root / "auto.yaml")
+    )
+    assert launched.returncode == 0, launched.stderr
+    for host, arch in AUTO_CHOICES.items():
+        assert f"[{host}] ddp-bench variant={arch} " in launched.stdout, launched.stdout
     # Exactly as if written by hand: the same envelope, the same target dirs (no rebuild).
     by_hand = prebuild(rig, AUTO_CHOICES, "by-hand.yaml")
     assert by_hand.returncode == 0, by_hand.stderr
