@@ -55,7 +55,7 @@ ControllerFile = Annotated[str, "ControllerFile"]
 #: A cargo feature name, such as ``cuda`` or ``rocm``.
 CargoFeature = Annotated[str, "CargoFeature"]
 #: A GPU vendor that a build environment serves (``controller.gpu_builds``).
-GpuVendorName = Literal["nvidia", "amd"]
+GpuVendorName = Annotated[str, "GpuVendorName"]
 
 #: How the controller runs builds (see :attr:`Controller.build_mode`).
 BuildMode = Literal["native", "docker", "compose"]

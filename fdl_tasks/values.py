@@ -24,6 +24,7 @@ from fdl_tasks.model import (
     CudaRelease,
     EnvName,
     EnvValue,
+    GpuVendorName,
     HostLabel,
     ImageTemplate,
     LaunchEnvName,
@@ -262,6 +263,14 @@ def check_feature(value: object) -> CargoFeature:
     return matching(value, _FEATURE, "cargo feature", "is not a feature name such as 'rocm'")
 
 
+def check_gpu_vendor(value: object) -> GpuVendorName:
+    """A key of ``controller.gpu_builds``: the GPU vendors flodl builds for."""
+    text = check_text(value)
+    if text not in ("nvidia", "amd"):
+        raise InvalidValue(f"GPU vendor {quote(text)} must be 'nvidia' or 'amd'")
+    return text
+
+
 def check_int(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidValue(f"expected an integer, got {kind_of(value)}")
@@ -287,4 +296,5 @@ CHECKS: dict[Any, Callable[[object], object]] = {
     RustTarget: check_rust_target,
     Program: check_program,
     CargoFeature: check_feature,
+    GpuVendorName: check_gpu_vendor,
 }

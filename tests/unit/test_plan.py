@@ -267,3 +267,21 @@ def attrs_evolve_builds(c: Cluster, **build: str) -> Cluster:
 
     controller = attrs.evolve(c.controller, gpu_builds={"amd": VendorBuild(**build)})
     return attrs.evolve(c, controller=controller)
+
+
+@pytest.mark.parametrize(
+    ("builds", "message"),
+    [
+        (
+            {"intel": {"image": "x"}},
+            "gpu_builds['intel']: GPU vendor 'intel' must be 'nvidia' or 'amd'",
+        ),
+        ({"amd": "rocm"}, "gpu_builds['amd']: expected a mapping"),
+        ({"amd": {"image": "-x"}}, "gpu_builds['amd'].image: image '-x' must be an image name"),
+    ],
+)
+def test_bad_gpu_builds_name_their_key(builds: dict[str, object], message: str) -> None:
+    controller = {"path": "/p", "docker": {"image": "i"}, "gpu_builds": builds}
+    with pytest.raises(FdlError) as caught:
+        parse_cluster({"controller": controller, "workers": []}, "c.yaml")
+    assert message in str(caught.value)
