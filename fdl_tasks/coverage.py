@@ -190,8 +190,10 @@ def judge_coverage(
         note = f"variant {arch} has no .arch with an archs= line: GPU coverage unknown"
         return Coverage("refused" if errors else "unknown", tuple(errors), tuple(warnings), (note,))
     covered = nvidia_covered if vendor == "nvidia" else amd_covered
+    unchecked = False
     for gpu in own:
         if gpu.target is None:
+            unchecked = True
             what = "compute capability" if vendor == "nvidia" else "gfx target"
             warnings.append(
                 f"GPU {gpu.index} ({gpu.name}): the driver does not report its {what} "
@@ -199,4 +201,5 @@ def judge_coverage(
             )
         elif not covered(gpu.target, info.archs):
             errors.append(_uncovered(gpu, arch, info.archs))
-    return Coverage("refused" if errors else "ok", tuple(errors), tuple(warnings))
+    state = "refused" if errors else "unknown" if unchecked else "ok"
+    return Coverage(state, tuple(errors), tuple(warnings))

@@ -165,3 +165,12 @@ def test_clean_keeps_every_variant_an_auto_host_may_get(tmp_path: Path) -> None:
         ("a", "precompiled/cu128"),
         ("b", "precompiled/cpu"),
     ]
+
+
+def test_a_gpu_without_capability_leaves_coverage_unknown_with_a_warning() -> None:
+    report = GpuReport(("nvidia-smi",), (T4_470,))
+    verdict = judge_coverage(
+        "builds/sm61-sm120", "nvidia", report, ArchFile(cuda="11.8", archs=("7.5",))
+    )
+    assert verdict.state == "unknown" and verdict.errors == ()
+    assert "does not report its compute capability" in verdict.warnings[0]
