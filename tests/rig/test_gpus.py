@@ -34,6 +34,7 @@ HOSTS = [
     HostSpec("pascal", "127.0.0.218", gpus="pascal"),
     HostSpec("plain", "127.0.0.219"),
     HostSpec("a6000", "127.0.0.220", gpus="a6000x2"),
+    HostSpec("mixed", "127.0.0.221", gpus="mixed"),
 ]
 ROCM = "precompiled/rocm6.2"
 VARIANTS = ("precompiled/cu126", "precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu")
@@ -272,3 +273,15 @@ def test_each_vendor_builds_in_its_own_image_and_one_for_both_is_refused(rig: Ri
     assert _images_used(rig, since) == sorted([ROCM_IMAGE, f"{BUILDER_IMAGE}:12.8"])
     envelopes = decode(done.stdout, "stdout")
     assert rig.run_on_host("amd", str(rig.project), envelopes["amd"]).endswith("rocm=on")
+
+
+def test_a_mixed_vendor_host_is_named_and_checked_for_its_variants_vendor(rig: RigCluster) -> None:
+    workers = [controller_entry(rig), rig.worker("mixed", arch=ROCM)]
+    path = rig.write(workers, "mixed.yaml")
+    done = rig.inv("preflight", "--json", "--cluster-file", str(path))
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if "warning  mixed:" in x]
+    assert "mixed-vendor host: it has AMD and NVIDIA GPUs" in line and ROCM in line
+    (verdict,) = [v for v in json.loads(done.stdout) if v["host"] == "mixed"]
+    assert [g["vendor"] for g in verdict["gpus"]] == ["nvidia", "amd", "amd"]
+    assert verdict["coverage"]["state"] == "ok"  # both MI25s are in the ROCm variant's archs
