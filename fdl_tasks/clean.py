@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fdl_tasks.console import format_table
 from fdl_tasks.errors import FdlError
+from fdl_tasks.gpu_gate import expand_auto
 from fdl_tasks.layout import CLUSTER_TARGET, LOCK_FILE, OWN_ENTRIES, stale_dirs
 from fdl_tasks.plan import live_target_dirs
 from fdl_tasks.run import Run
@@ -56,7 +57,7 @@ def human(size: int) -> str:
 
 def stale_paths(run: Run) -> list[str]:
     """Stale entries, relative to ``target/cluster``."""
-    live = live_target_dirs(run.remotes, run.cluster.controller)
+    live = live_target_dirs(expand_auto(run.remotes, run.root), run.cluster.controller)
     return stale_dirs(tree_entries(run.root / CLUSTER_TARGET), live)
 
 

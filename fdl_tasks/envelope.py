@@ -26,6 +26,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from fdl_tasks.converter import CONVERTER, IGNORE_EXTRA_KEYS, register_checks, structure
 from fdl_tasks.errors import FdlError
 from fdl_tasks.files import write_atomically
+from fdl_tasks.gpus import runtime_library_path, vendor_of
 from fdl_tasks.layout import envelope_file, host_binary
 from fdl_tasks.model import Worker
 from fdl_tasks.rules import libtorch_dir, require_arch
@@ -65,7 +66,9 @@ class PerHostEnvelope:
         arch = require_arch(worker)
         return cls(
             bin=host_binary(worker.host, arch, command, cpu_arch),
-            ld_library_path=f"{libtorch_dir(worker.path, arch)}/lib",
+            ld_library_path=runtime_library_path(
+                vendor_of(arch, worker.features), f"{libtorch_dir(worker.path, arch)}/lib"
+            ),
             cwd_subpath=crate_dir,
         )
 

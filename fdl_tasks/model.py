@@ -52,6 +52,10 @@ RamShare = Annotated[float, "RamShare"]
 SchedulerUrl = Annotated[str, "SchedulerUrl"]
 #: A file on the controller: an absolute path, or one starting with ``~/``.
 ControllerFile = Annotated[str, "ControllerFile"]
+#: A cargo feature name, such as ``cuda`` or ``rocm``.
+CargoFeature = Annotated[str, "CargoFeature"]
+#: A GPU vendor that a build environment serves (``controller.gpu_builds``).
+GpuVendorName = Annotated[str, "GpuVendorName"]
 
 #: How the controller runs builds (see :attr:`Controller.build_mode`).
 BuildMode = Literal["native", "docker", "compose"]
@@ -130,6 +134,15 @@ class DistSettings:
 
 
 @attrs.frozen
+class VendorBuild:
+    """The build environment of one GPU vendor's hosts (``controller.gpu_builds.amd``):
+    a ``docker run`` image (docker mode) or a compose service (compose mode)."""
+
+    image: ImageTemplate | None = None
+    service: ServiceName | None = None
+
+
+@attrs.frozen
 class Controller:
     """The machine that builds; ``path`` is its view of the shared project root."""
 
@@ -139,6 +152,7 @@ class Controller:
     docker: DockerSettings | ComposeService | None = None
     cross: Mapping[CpuArch, CrossSetup] = attrs.field(factory=dict)
     dist: DistSettings | None = None
+    gpu_builds: Mapping[GpuVendorName, VendorBuild] = attrs.field(factory=dict)
     # flodl's own keys: accepted and carried for the launcher, unused here.
     host: Any = None
     port: Any = None
@@ -164,6 +178,8 @@ class Worker:
     ssh: SshSettings = SshSettings()
     env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)
     gpu_ram_share: RamShare | None = None
+    #: cargo features instead of those the arch's name implies (``[rocm]``, ``[]``).
+    features: tuple[CargoFeature, ...] | None = None
     # flodl's own keys: accepted and carried for the launcher, unused here.
     ranks: Any = None
     local_devices: Any = None

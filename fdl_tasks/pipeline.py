@@ -19,6 +19,7 @@ from pathlib import Path
 import attrs
 
 import fdl_tasks.envelope as envelope
+from fdl_tasks.auto_arch import AUTO
 from fdl_tasks.backends import Backend, backend_for
 from fdl_tasks.builder import JobResult
 from fdl_tasks.builds import run_builds
@@ -26,6 +27,7 @@ from fdl_tasks.delivery import Delivery, verify_delivery
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
 from fdl_tasks.files import project_lock
+from fdl_tasks.gpu_gate import with_chosen_archs
 from fdl_tasks.layout import LOCK_FILE
 from fdl_tasks.model import Worker
 from fdl_tasks.plan import BuildJob, plan_builds
@@ -112,6 +114,12 @@ def plan(
     run: Run, workers: Sequence[Worker], command: str, crate: str, cpu_archs: Mapping[str, str]
 ) -> list[BuildJob]:
     """The builds, and every variant they link checked on the controller before any runs."""
+    auto = [w.host for w in workers if w.arch == AUTO]
+    if auto:
+        raise FdlError(
+            f"arch: auto on {', '.join(auto)} is chosen from preflight's probe, which this run "
+            "does not make (--dry, build-host, a watch cycle): run inv prebuild, or set 'arch'"
+        )
     jobs = plan_builds(
         workers,
         run.cluster.controller,
@@ -146,7 +154,8 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
     skip_final_collection()
     require_verification_possible(run)
     pinned = cross_cpu_archs(run)
-    jobs = plan(run, run.remotes, command, crate, pinned)
+    auto = probe and not run.dry and any(w.arch == AUTO for w in run.remotes)
+    jobs = [] if auto else plan(run, run.remotes, command, crate, pinned)
     backend = backend_for(run.cluster.controller)
     run.warn_unlisted_controller()
     if run.dry:
@@ -161,8 +170,10 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
                 verdicts = run_preflight(run, fleet, abi=True)
                 report_preflight(run, verdicts, as_json=False)
                 checked.result()
+            if auto:  # each chosen arch, exactly as if written in the cluster file
+                run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
             cpu_archs = cross_cpu_archs(run, verdicts)
-            if cpu_archs != pinned:
+            if auto or cpu_archs != pinned:
                 jobs = plan(run, run.remotes, command, crate, cpu_archs)
                 backend.check(jobs)
         else:

@@ -32,6 +32,7 @@ from fdl_tasks.rules import (
     cargo_features,
     require_arch,
 )
+from fdl_tasks.vendor_builds import check_vendor_builds, vendor_environment
 
 
 @attrs.frozen
@@ -140,16 +141,18 @@ def build_spec(
 ) -> BuildSpec:
     """``cross_setup``: the host's CPU architecture and its setup, when not the controller's."""
     arch, docker = require_arch(worker), controller.docker
+    vendor_image, vendor_service = vendor_environment(worker, controller)
     image = service = None
     if isinstance(docker, DockerSettings):
-        chosen = cross_setup[1].image if cross_setup and cross_setup[1].image else docker.image
+        chosen = cross_setup[1].image if cross_setup and cross_setup[1].image else None
+        chosen = chosen or vendor_image or docker.image
         image = resolve_image(attrs.evolve(docker, image=chosen), arch)
     cross = cross_build(*cross_setup, docker) if cross_setup else None
     if isinstance(docker, ComposeService):
-        service = cross.service if cross and cross.service else docker.service
+        service = cross.service if cross and cross.service else vendor_service or docker.service
     return BuildSpec(
         arch,
-        cargo_features(arch),
+        cargo_features(arch, worker.features),
         image,
         crate_dir,
         command,
@@ -194,6 +197,8 @@ def plan_builds(
         if cpu_arch not in controller.cross:
             raise FdlError(f"host {host!r} is {cpu_arch}, but controller.cross has no entry for it")
         setups[host] = (cpu_arch, controller.cross[cpu_arch])
+    workers = tuple(workers)
+    check_vendor_builds(workers, controller)
     specs = {
         w.host: build_spec(w, controller, command, crate_dir, setups.get(w.host)) for w in workers
     }

@@ -7,7 +7,9 @@ import platform
 import shlex
 import subprocess
 from collections.abc import Iterable
+from pathlib import Path
 
+from fdl_tasks.gpu_gate import gate
 from fdl_tasks.model import Cluster, Controller, Worker
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.probe import (
@@ -60,13 +62,22 @@ def probe_controller(cluster: Cluster, label: str, settings: Settings) -> Verdic
 
 
 def probe_remotes(
-    fleet: Fleet, workers: tuple[Worker, ...], settings: Settings, abi: bool, cross: Iterable[str]
+    fleet: Fleet,
+    workers: tuple[Worker, ...],
+    settings: Settings,
+    abi: bool,
+    cross: Iterable[str],
+    root: Path | None = None,
 ) -> list[Verdict]:
-    """One round trip per remote host, all in parallel; unreachable is a warning."""
+    """One round trip per remote host, all in parallel; unreachable is a warning.
+
+    ``root``: the controller's project root, whose variants' ``.arch`` files the
+    GPU gate reads (:mod:`fdl_tasks.gpu_gate`)."""
     requests = {w.host: ProbeRequest.for_host(w, abi) for w in workers}
     outcomes = fleet.run({h: r.script() for h, r in requests.items()}, settings.probe_timeout)
     build = local_build_environment(cross)
     pins = {w.host: w.cpu_arch for w in workers}
+    by_host = {w.host: w for w in workers}
     verdicts = []
     for host, request in requests.items():
         outcome = outcomes[host]
@@ -81,6 +92,8 @@ def probe_remotes(
         else:
             facts = parse_facts(outcome.stdout)
             verdict = judge(host, request, facts, build, pinned=pins[host])
+            if root is not None:
+                verdict = gate(verdict, by_host[host], root)
         verdicts.append(verdict)
     return verdicts
 
@@ -110,5 +123,5 @@ def run_preflight(run: Run, fleet: Fleet, *, abi: bool) -> list[Verdict]:
     )
     return [
         probe_controller(run.cluster, run.controller, run.settings),
-        *probe_remotes(fleet, remotes, run.settings, abi, run.cluster.controller.cross),
+        *probe_remotes(fleet, remotes, run.settings, abi, run.cluster.controller.cross, run.root),
     ]

@@ -15,6 +15,8 @@ from typing import Literal
 
 import attrs
 
+from fdl_tasks.gpu_probe import GPU_FACT_LINES, gpu_report
+from fdl_tasks.gpus import GpuReport
 from fdl_tasks.model import DEFAULT_DATA_PATH, Controller, Worker
 
 Status = Literal["ok", "warning", "error"]
@@ -61,6 +63,7 @@ class ProbeRequest:
             lines += [
                 *HOST_FACT_LINES,
                 "if command -v pkill >/dev/null 2>&1; then echo pkill=yes; else echo pkill=no; fi",
+                *GPU_FACT_LINES,
             ]
         lines += [f"echo {END}", "exit 0"]
         return "\n".join(lines)
@@ -74,6 +77,7 @@ class ProbeFacts:
     cpu_arch: str | None = None
     libc: str | None = None
     pkill: bool | None = None
+    gpus: GpuReport | None = None
 
     @property
     def musl(self) -> bool:
@@ -121,6 +125,7 @@ def parse_facts(stdout: str) -> ProbeFacts | None:
         cpu_arch=answers.get("cpu_arch") or None,
         libc=answers.get("libc") or None,
         pkill=None if pkill is None else pkill == "yes",
+        gpus=gpu_report(answers),
     )
 
 
@@ -147,6 +152,12 @@ class Verdict:
     facts: ProbeFacts | None = None
     data_path: str = ""
     local: bool = False
+    #: What could not be checked: reported, never changing the status.
+    notes: tuple[str, ...] = ()
+    #: The GPU coverage verdict (:class:`fdl_tasks.coverage.Coverage` as JSON), once judged.
+    coverage: dict[str, object] | None = None
+    #: The arch ``arch: auto`` chose for the host.
+    arch: str | None = None
 
     def to_json(self) -> dict[str, object]:
         facts = self.facts
@@ -161,6 +172,11 @@ class Verdict:
             "cpu_arch": facts.cpu_arch if facts else None,
             "libc": facts.libc if facts else None,
             "pkill": facts.pkill if facts else None,
+            "gpus": facts.gpus.to_json()["gpus"] if facts and facts.gpus else None,
+            "gpu_tools": list(facts.gpus.tools) if facts and facts.gpus else None,
+            "coverage": self.coverage,
+            "arch": self.arch,
+            "notes": list(self.notes),
         }
 
 
@@ -249,9 +265,10 @@ def report_lines(verdicts: Iterable[Verdict]) -> list[str]:
         problems = [f"error: {e}" for e in verdict.errors] + [
             f"warning: {w}" for w in verdict.warnings
         ]
+        notes = [f"note: {n}" for n in verdict.notes]
         if not problems:
             lines.append(f"  ok       {where}")
-        for problem in problems:
+        for problem in problems + notes:
             label, text = problem.split(": ", 1)
             lines.append(f"  {label:<8} {where}: {text}")
     summary = (

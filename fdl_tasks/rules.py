@@ -10,6 +10,7 @@ import re
 import attrs
 
 from fdl_tasks.errors import FdlError
+from fdl_tasks.gpus import features_for
 from fdl_tasks.model import Arch, Cluster, Worker
 
 #: The image template fields an arch's CUDA version fills in.
@@ -34,9 +35,10 @@ def split_ssh_option(option: str) -> tuple[str, str] | None:
     return (match.group(1).lower(), match.group(2)) if match else None
 
 
-def cargo_features(arch: Arch) -> tuple[str, ...]:
-    """A ``cpu`` variant builds without features; every other variant with ``cuda``."""
-    return () if arch.rsplit("/", 1)[-1] == "cpu" else ("cuda",)
+def cargo_features(arch: Arch, explicit: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The worker's ``features`` when given; else by the variant's vendor, as flodl
+    names it (:func:`fdl_tasks.gpus.classify`): none for CPU, ``cuda``, ``rocm``."""
+    return features_for(arch, explicit)
 
 
 @attrs.frozen

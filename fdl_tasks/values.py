@@ -19,10 +19,12 @@ from typing import Any
 from fdl_tasks.model import (
     AbsPath,
     Arch,
+    CargoFeature,
     CpuArch,
     CudaRelease,
     EnvName,
     EnvValue,
+    GpuVendorName,
     HostLabel,
     ImageTemplate,
     LaunchEnvName,
@@ -42,6 +44,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MACHINE = re.compile(r"[a-z0-9][a-z0-9_]*")
 _TARGET = re.compile(r"[a-z0-9_]+(?:-[a-z0-9_.]+){2,3}")
 _SERVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_FEATURE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_][A-Za-z0-9_+-]*)?")
 #: Variables flodl's launcher sets per rank; fdl-cli refuses them in a cluster's ``env``.
 LAUNCHER_OWNED = frozenset(
     {
@@ -255,6 +258,19 @@ def check_ssh_option(value: object) -> SshOption:
     return text
 
 
+def check_feature(value: object) -> CargoFeature:
+    """A cargo feature (``cuda``, ``rocm``, ``dep/feat``): one word for ``--features``."""
+    return matching(value, _FEATURE, "cargo feature", "is not a feature name such as 'rocm'")
+
+
+def check_gpu_vendor(value: object) -> GpuVendorName:
+    """A key of ``controller.gpu_builds``: the GPU vendors flodl builds for."""
+    text = check_text(value)
+    if text not in ("nvidia", "amd"):
+        raise InvalidValue(f"GPU vendor {quote(text)} must be 'nvidia' or 'amd'")
+    return text
+
+
 def check_int(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidValue(f"expected an integer, got {kind_of(value)}")
@@ -279,4 +295,6 @@ CHECKS: dict[Any, Callable[[object], object]] = {
     CpuArch: check_cpu_arch,
     RustTarget: check_rust_target,
     Program: check_program,
+    CargoFeature: check_feature,
+    GpuVendorName: check_gpu_vendor,
 }

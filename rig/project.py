@@ -48,7 +48,7 @@ ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 
 # Not copied into a project: build outputs and the stub source (it is compiled
 # into libtorch/<arch>/lib, not part of the cargo workspace).
-_IGNORED = shutil.ignore_patterns("target", "stub_libtorch.c", "__pycache__")
+_IGNORED = shutil.ignore_patterns("target", "stub_libtorch.c", "stub_hip.c", "__pycache__")
 
 
 def _check_arch(arch: str) -> PurePosixPath:

@@ -192,6 +192,8 @@ class HostSpec:
     emulate: Emulate | None = None
     """``"aarch64"``: a host of that CPU, whose programs run under qemu (see the module
     docstring); not combined with ``uname_m``, ``libc`` or ``glibc_version``."""
+    gpus: str | None = None
+    """A profile of :mod:`rig.gpushims`: ``nvidia-smi`` / ``rocminfo`` print real captures."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -496,7 +498,14 @@ def _emulation_shims(spec: HostSpec) -> dict[str, str]:
 
 def _shims(spec: HostSpec) -> dict[str, str]:
     """Command name -> shim script, for what the host simulates (nothing for a plain host)."""
-    return {**_machine_shims(spec), **_libc_shims(spec), **_emulation_shims(spec)}
+    from rig.gpushims import gpu_shims
+
+    return {
+        **_machine_shims(spec),
+        **_libc_shims(spec),
+        **_emulation_shims(spec),
+        **gpu_shims(spec.name, spec.gpus),
+    }
 
 
 def _session_emulation(spec: HostSpec) -> str:

@@ -185,3 +185,103 @@ def test_compose_v1_is_the_same_command() -> None:
     job = plan_builds(c.workers, c.controller, "ddp-bench", "ddp-bench", False)[0]
     v1 = compose_command(job, c.controller, c.controller.docker, ["docker-compose"], "r1", (7, 8))
     assert " docker-compose run --rm -T " in v1
+
+
+def test_features_follow_the_vendor_and_the_worker_key() -> None:
+    c = parse_cluster(
+        {
+            "controller": {"path": "/p"},
+            "workers": [
+                {"host": "amd", "path": "/p", "arch": "precompiled/rocm6.2"},
+                {"host": "nv", "path": "/p", "arch": "builds/sm61-sm120"},
+                {"host": "mine", "path": "/p", "arch": "builds/mybuild", "features": ["rocm"]},
+                {"host": "cpu", "path": "/p", "arch": "precompiled/cu128", "features": []},
+            ],
+        },
+        "c.yaml",
+    )
+    jobs = {j.hosts[0]: j.spec.features for j in plan_builds(*_wc(c), "t", "", False)}
+    assert jobs == {"amd": ("rocm",), "nv": ("cuda",), "mine": ("rocm",), "cpu": ()}
+
+
+def test_a_bad_feature_name_is_refused_with_its_key() -> None:
+    with pytest.raises(FdlError, match=r"workers\[0\]\.features"):
+        parse_cluster(
+            {
+                "controller": {"path": "/p"},
+                "workers": [{"host": "a", "path": "/p", "arch": "x/cu128", "features": ["a b"]}],
+            },
+            "c.yaml",
+        )
+
+
+MIXED = {"nv": "precompiled/cu128", "amd": "precompiled/rocm6.2", "cpu": "precompiled/cpu"}
+
+
+def test_one_environment_for_nvidia_and_amd_is_refused_before_any_build() -> None:
+    c = cluster(MIXED, {"image": "flodl-cuda:{cuda_tag}"})
+    with pytest.raises(FdlError, match=r"NVIDIA: nv; AMD: amd.*gpu_builds: \{amd: \{image"):
+        plan_builds(*_wc(c), "t", "", True)
+    flodl = cluster({"amd": "precompiled/rocm6.2"}, {"image": "rocm:6.2"})  # one vendor: as before
+    assert plan_builds(*_wc(flodl), "t", "", True)[0].spec.image == "rocm:6.2"
+    native = cluster(MIXED)  # native cargo builds every vendor
+    assert len(plan_builds(*_wc(native), "t", "", True)) == 3
+
+
+def test_each_vendor_gets_its_own_image_or_service() -> None:
+    c = parse_cluster(
+        {
+            "controller": {
+                "path": "/p",
+                "docker": {"image": "flodl-cuda:{cuda_tag}", "cuda_version": "12.6"},
+                "gpu_builds": {"amd": {"image": "flodl-rocm:6.2"}},
+            },
+            "workers": [{"host": h, "path": "/p", "arch": a} for h, a in MIXED.items()],
+        },
+        "c.yaml",
+    )
+    images = {j.hosts[0]: j.spec.image for j in plan_builds(*_wc(c), "t", "", True)}
+    assert images == {"nv": "flodl-cuda:12.8", "amd": "flodl-rocm:6.2", "cpu": "flodl-cuda:12.6"}
+    compose = parse_cluster(
+        {
+            "controller": {
+                "path": "/p",
+                "docker": "cuda",
+                "gpu_builds": {"amd": {"service": "rocm"}},
+            },
+            "workers": [{"host": h, "path": "/p", "arch": a} for h, a in MIXED.items()],
+        },
+        "c.yaml",
+    )
+    services = {j.hosts[0]: j.spec.service for j in plan_builds(*_wc(compose), "t", "", True)}
+    assert services == {"nv": "cuda", "amd": "rocm", "cpu": "cuda"}
+    wrong = attrs_evolve_builds(compose, image="x")
+    with pytest.raises(FdlError, match=r"gpu_builds\.amd needs a 'service:'"):
+        plan_builds(*_wc(wrong), "t", "", True)
+
+
+def attrs_evolve_builds(c: Cluster, **build: str) -> Cluster:
+    import attrs
+
+    from fdl_tasks.model import VendorBuild
+
+    controller = attrs.evolve(c.controller, gpu_builds={"amd": VendorBuild(**build)})
+    return attrs.evolve(c, controller=controller)
+
+
+@pytest.mark.parametrize(
+    ("builds", "message"),
+    [
+        (
+            {"intel": {"image": "x"}},
+            "gpu_builds['intel']: GPU vendor 'intel' must be 'nvidia' or 'amd'",
+        ),
+        ({"amd": "rocm"}, "gpu_builds['amd']: expected a mapping"),
+        ({"amd": {"image": "-x"}}, "gpu_builds['amd'].image: image '-x' must be an image name"),
+    ],
+)
+def test_bad_gpu_builds_name_their_key(builds: dict[str, object], message: str) -> None:
+    controller = {"path": "/p", "docker": {"image": "i"}, "gpu_builds": builds}
+    with pytest.raises(FdlError) as caught:
+        parse_cluster({"controller": controller, "workers": []}, "c.yaml")
+    assert message in str(caught.value)

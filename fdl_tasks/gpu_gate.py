@@ -1,0 +1,149 @@
+"""The GPU gate of preflight: each host's GPUs against its variant's ``.arch``.
+
+The thin I/O layer over :mod:`fdl_tasks.coverage`: it reads each variant's
+``.arch`` on the controller (``<controller.path>/libtorch/<arch>/.arch``) and
+folds the coverage verdict into the host's preflight verdict, before any build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from fdl_tasks.auto_arch import AUTO, Installed, choose
+from fdl_tasks.coverage import ArchFile, judge_coverage, parse_arch_file
+from fdl_tasks.errors import FdlError
+from fdl_tasks.gpus import unknown_name_warning, vendor_of
+from fdl_tasks.model import Cluster, Worker
+from fdl_tasks.probe import Status, Verdict
+from fdl_tasks.values import InvalidValue, check_arch
+from fdl_tasks.verify import ELF_MACHINES
+
+#: The metadata file flodl writes next to a variant's ``lib/``.
+ARCH_FILE = ".arch"
+
+
+def read_arch_file(root: Path, arch: str) -> ArchFile | None:
+    """The variant's ``.arch``, ``None`` when it has none (or it cannot be read)."""
+    try:
+        text = (root / "libtorch" / arch / ARCH_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return parse_arch_file(text)
+
+
+def _elf_cpu(library: Path) -> str | None:
+    """The CPU a 64-bit little-endian ELF file is for (``uname -m`` names), else ``None``."""
+    try:
+        with library.open("rb") as stream:
+            head = stream.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:6] != b"\x7fELF\x02\x01":
+        return None
+    return ELF_MACHINES.get(int.from_bytes(head[18:20], "little"))
+
+
+def installed_variants(root: Path) -> list[Installed]:
+    """``libtorch/precompiled/*`` and ``libtorch/builds/*`` with a ``lib/``, by name."""
+    found = []
+    for family in ("precompiled", "builds"):
+        directory = root / "libtorch" / family
+        children = sorted(directory.iterdir()) if directory.is_dir() else []
+        for child in children:
+            arch = f"{family}/{child.name}"
+            try:
+                check_arch(arch)
+            except InvalidValue:
+                continue
+            if (child / "lib").is_dir():
+                cpu = _elf_cpu(child / "lib" / "libtorch.so")
+                found.append(Installed(arch, read_arch_file(root, arch), cpu))
+    return found
+
+
+def _choose_arch(verdict: Verdict, worker: Worker, root: Path) -> Verdict | Worker:
+    """``arch: auto``: the worker with its chosen arch, or the host's refusal."""
+    facts = verdict.facts
+    assert facts is not None and facts.gpus is not None
+    choice = choose(installed_variants(root), facts.gpus, facts.cpu_arch or worker.cpu_arch)
+    if choice.arch is None:
+        gpus = ", ".join(
+            f"{g.name} ({g.target or 'no architecture reported'})" for g in facts.gpus.gpus
+        )
+        gpus = gpus or "no GPU"
+        error = (
+            f"arch: auto: no installed variant fits this host ({gpus}); considered: "
+            f"{choice.summary()}"
+        )
+        return attrs.evolve(verdict, status="error", errors=(*verdict.errors, error))
+    return attrs.evolve(worker, arch=choice.arch)
+
+
+def gate(verdict: Verdict, worker: Worker, root: Path) -> Verdict:
+    """The verdict with the host's GPU errors, warnings and notes added.
+
+    A host that gave no answer, was not asked about GPUs, or has no arch is left as it is.
+    """
+    facts = verdict.facts
+    if worker.arch is None or facts is None or facts.data is None or facts.gpus is None:
+        return verdict
+    chosen = None
+    if worker.arch == AUTO:
+        picked = _choose_arch(verdict, worker, root)
+        if isinstance(picked, Verdict):
+            return picked
+        worker, chosen = picked, picked.arch
+        verdict = attrs.evolve(verdict, notes=(*verdict.notes, f"arch: auto chose {chosen}"))
+    assert worker.arch is not None
+    warnings = list(verdict.warnings)
+    naming = None if worker.features is not None else unknown_name_warning(worker.arch)
+    if naming:
+        warnings.append(naming)
+    vendor = vendor_of(worker.arch, worker.features)
+    info = read_arch_file(root, worker.arch) if vendor != "cpu" else None
+    coverage = judge_coverage(worker.arch, vendor, facts.gpus, info)
+    errors = (*verdict.errors, *coverage.errors)
+    warnings += coverage.warnings
+    status: Status = "error" if errors else "warning" if warnings else verdict.status
+    return attrs.evolve(
+        verdict,
+        status=status,
+        errors=errors,
+        warnings=tuple(warnings),
+        notes=(*verdict.notes, *coverage.notes),
+        coverage=coverage.to_json(),
+        arch=chosen,
+    )
+
+
+def with_chosen_archs(cluster: Cluster, verdicts: Sequence[Verdict]) -> Cluster:
+    """The cluster with each ``arch: auto`` worker's chosen arch, exactly as if written
+    by hand; a remote auto host that preflight could not probe is an error."""
+    chosen = {v.host: v.arch for v in verdicts if v.arch}
+    remote = {v.host for v in verdicts if not v.local}
+    unresolved = [
+        w.host
+        for w in cluster.workers
+        if w.arch == AUTO and w.host in remote and w.host not in chosen
+    ]
+    if unresolved:
+        raise FdlError(
+            f"arch: auto on {', '.join(unresolved)}, but preflight could not probe "
+            "them (unreachable?): nothing was built; set their 'arch' by hand"
+        )
+    workers = tuple(
+        attrs.evolve(w, arch=chosen[w.host]) if w.arch == AUTO else w for w in cluster.workers
+    )
+    return attrs.evolve(cluster, workers=workers)
+
+
+def expand_auto(workers: Sequence[Worker], root: Path) -> list[Worker]:
+    """Each ``arch: auto`` worker once per installed variant (what ``inv clean`` keeps
+    live: without a probe, any of them may be the host's); other workers as they are."""
+    variants = [item.arch for item in installed_variants(root)]
+    return [attrs.evolve(w, arch=arch) for w in workers for arch in variants if w.arch == AUTO] + [
+        w for w in workers if w.arch != AUTO
+    ]
