@@ -91,6 +91,8 @@ class Builder:
         self.timeout, self.jobs, self.board, self.cache = timeout, jobs, board, cache
         self._processes: dict[str, tuple[BuildJob, int]] = {}
         self._lock = threading.Lock()
+        #: What a stop or a timeout could not remove, each line with the command that does.
+        self.left_running: list[str] = []
 
     def command(self, job: BuildJob) -> str:
         return self.backend.command(job, self.run_id, self.cache)
@@ -118,12 +120,19 @@ class Builder:
         return results
 
     def stop(self) -> None:
-        """Stop every build this run started."""
+        """Stop every build this run started; what could not be is in :attr:`left_running`."""
         with self._lock:
             running = list(self._processes.values())
-        for job, process in running:
-            self.backend.stop_job(job, self.run_id, process, self.cache)
-        self.backend.stop_run(self.run_id)
+        left = [
+            line
+            for job, process in running
+            for line in self.backend.stop_job(job, self.run_id, process, self.cache)
+        ]
+        self._left(left + self.backend.stop_run(self.run_id))
+
+    def _left(self, lines: Sequence[str]) -> None:
+        with self._lock:
+            self.left_running += [line for line in lines if line not in self.left_running]
 
     def run_one(self, job: BuildJob) -> JobResult:
         started = time.monotonic()
@@ -223,7 +232,7 @@ class Builder:
 
     def _expire(self, job: BuildJob, process: int, expired: threading.Event) -> None:
         expired.set()
-        self.backend.stop_job(job, self.run_id, process, self.cache)
+        self._left(self.backend.stop_job(job, self.run_id, process, self.cache))
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

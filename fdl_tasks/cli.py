@@ -19,7 +19,7 @@ from invoke.exceptions import Exit, ParseError
 from invoke.parser.argument import Argument
 from invoke.tasks import Task, task
 
-from fdl_tasks.errors import FdlError, Stopped
+from fdl_tasks.errors import FdlError, LeftRunning, Stopped
 from fdl_tasks.rules import check_command
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -90,6 +90,8 @@ def user_errors(body: F) -> F:
     def wrapper(c: Context, *args: Any, **kwargs: Any) -> Any:
         try:
             return body(c, *args, **kwargs)
+        except LeftRunning as exc:
+            raise Exit(f"fdl: {exc}", code=3) from None
         except FdlError as exc:
             name = _cluster_file_name(c, kwargs.get("cluster_file"))
             raise Exit(f"fdl: {str(exc).replace('cluster.yaml', name)}", code=1) from None

@@ -16,3 +16,11 @@ class Stopped(Exception):
     "a build failed" (it keeps watching after a failure, never after a stop).
     Tasks turn it into one line and exit code 130.
     """
+
+
+class LeftRunning(FdlError):
+    """A stop or a timeout left a build container or process it could not remove.
+
+    The run is not clean whatever else happened: tasks exit with code 3 (not 1,
+    not 130), and the message names each one with the command that removes it.
+    """

@@ -35,11 +35,13 @@ class Backend(Protocol):
 
     def stop_job(
         self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
-    ) -> None:
-        """Stop one build now (its timeout expired, or the run is stopping)."""
+    ) -> list[str]:
+        """Stop one build now (its timeout expired, or the run is stopping); what could not
+        be stopped, each a line naming it and the command that removes it."""
 
-    def stop_run(self, run_id: str) -> None:
-        """After every job was stopped: whatever of the run may still be left."""
+    def stop_run(self, run_id: str) -> list[str]:
+        """After every job was stopped: whatever of the run may still be left (as
+        :meth:`stop_job`, what could not be removed)."""
 
     def run_note(self, run_id: str) -> str:
         """How the user finds this run's builds outside the tool ('' if nothing to say)."""

@@ -14,11 +14,11 @@ class ContainerBackend:
 
     def stop_job(
         self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
-    ) -> None:
-        remove_containers(f"{RUN_LABEL}={run_id}", f"{JOB_LABEL}={job.name}")
+    ) -> list[str]:
+        return remove_containers(f"{RUN_LABEL}={run_id}", f"{JOB_LABEL}={job.name}")
 
-    def stop_run(self, run_id: str) -> None:
-        remove_containers(f"{RUN_LABEL}={run_id}")
+    def stop_run(self, run_id: str) -> list[str]:
+        return remove_containers(f"{RUN_LABEL}={run_id}")
 
     def run_note(self, run_id: str) -> str:
         return f"containers labelled {RUN_LABEL}={run_id}"
