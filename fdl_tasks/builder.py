@@ -209,13 +209,16 @@ class Builder:
         elif not built.is_file():
             problem = f"cargo succeeded but {built} is missing"
         if problem:
+            tail = log_tail(log_path)
+            if "No space left on device" in tail:
+                problem += f": the disk holding {self.root / job.target_dir} is full"
             return JobResult(
                 job=job,
                 ok=False,
                 seconds=seconds,
                 detail=problem,
                 exit_code=None if expired.is_set() else exit_code,
-                log_tail=log_tail(log_path),
+                log_tail=tail,
             )
         for host in job.hosts:
             destination = self.root / job.host_binary(host)

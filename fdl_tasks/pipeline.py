@@ -25,7 +25,7 @@ from fdl_tasks.builds import run_builds
 from fdl_tasks.delivery import Delivery, verify_delivery
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.files import project_lock
+from fdl_tasks.files import project_lock, remove_partials
 from fdl_tasks.layout import LOCK_FILE
 from fdl_tasks.model import Worker
 from fdl_tasks.plan import BuildJob, plan_builds
@@ -188,7 +188,13 @@ def build_and_publish(
         for job in jobs
         for host in job.hosts
     }
+    path = envelope.published_path(run.root, command)
     with project_lock(run.root / LOCK_FILE, run.report):
+        # What a run killed while publishing left (the lock died with it).
+        remove_partials(path)
+        for job in jobs:
+            for host in job.hosts:
+                remove_partials(run.root / job.host_binary(host))
         kept = merge_base(run, command, set(workers) - set(envelopes))
         # Withdraw first: if this run fails, nothing may point a launcher at
         # binaries that are now stale.
@@ -200,7 +206,6 @@ def build_and_publish(
             delivery = verify(run, fleet, envelopes, built)
         merged = kept | envelopes
         text = envelope.publish(run.root, command, merged)
-    path = envelope.published_path(run.root, command)
     run.report(f"{run.task}: envelope of {command} for {len(merged)} host(s) written to {path}")
     return Published(
         command=command,
