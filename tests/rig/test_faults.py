@@ -23,6 +23,7 @@ import pytest
 
 from fdl_tasks.containers import remove_containers
 from fdl_tasks.envelope import decode
+from rig.faults import kill_sshd
 from rig.harness import RigCluster, Running, containers, inv_argv, prebuild_args, start_rig
 from rig.sshrig import HostSpec
 
@@ -214,29 +215,6 @@ def test_host_disappearing_before_verification_is_a_warning(rig: RigCluster) -> 
         "verify: 2 host(s) verified (same bytes, every library resolves), 1 not verified: beta ("
         in run.stderr
     )
-
-
-def kill_sshd(config: Path) -> None:
-    """SIGKILL a host's sshd and its per-connection sshd processes, nothing else.
-
-    The session's shell is left orphaned, as when sshd crashes: the client
-    only sees its connection drop.
-    """
-    listener = subprocess.run(
-        ["pgrep", "-f", f"sshd -D -f {config}"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    victims, frontier = set(listener), list(listener)
-    while frontier:
-        children = subprocess.run(
-            ["pgrep", "-P", frontier.pop(), "-x", "sshd"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.split()
-        victims.update(children)
-        frontier += children
-    for pid in victims:
-        os.kill(int(pid), signal.SIGKILL)
 
 
 def test_sshd_killed_mid_probe_is_a_warning(rig: RigCluster) -> None:
