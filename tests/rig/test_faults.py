@@ -191,7 +191,14 @@ def test_target_tree_not_writable(rig: RigCluster) -> None:
     assert "Traceback" not in done.stderr
 
 
+def arrived(run: Running, text: str) -> float:
+    """When (on the monotonic clock) the first stderr line holding ``text`` arrived."""
+    return run.started + next(at for at, line in run.lines if text in line)
+
+
 def test_two_prebuilds_at_once_both_finish(rig: RigCluster) -> None:
+    """The second waits for the first and never interleaves: its builds start only
+    after the first published."""
     path = cluster(rig, "twice.yaml", docker=False)
     env = {"FDL_FIXTURE_BUILD_SLEEP": "3"}
     first = rig.background("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
@@ -200,6 +207,7 @@ def test_two_prebuilds_at_once_both_finish(rig: RigCluster) -> None:
     assert first.finish() == 0, first.stderr
     assert second.finish() == 0, second.stderr
     assert "waiting for the prebuild already running on this project" in second.stderr
+    assert arrived(second, "build(s) with") > arrived(first, "written to"), second.stderr
     envelopes = decode((rig.project / ENVELOPE).read_text(), "envelope")
     assert sorted(envelopes) == ["alpha", "beta", "gamma"]
 
