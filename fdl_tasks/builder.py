@@ -206,6 +206,9 @@ class Builder:
             problem = f"timed out after {self.timeout:g}s"
         elif exit_code != 0:
             problem = f"cargo exited {exit_code}"
+            signal_name = {128 + 9: "SIGKILL", 128 + 15: "SIGTERM"}.get(exit_code)
+            if signal_name:
+                problem += f" (killed by {signal_name}: {self.backend.killers})"
         elif not built.is_file():
             problem = f"cargo succeeded but {built} is missing"
         if problem:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,3 +141,67 @@ def unremovable(container: str) -> Iterator[None]:
     finally:
         subprocess.run(["chattr", "-i", str(pinned)], check=False, capture_output=True)
         subprocess.run(["docker", "rm", "-f", container], check=False, capture_output=True)
+
+
+class PrivateDockerd:
+    """A second Docker daemon of the test's own (socket, data root, exec root, containerd),
+    so that restarting it never touches the daemon other runs share. No bridge and no
+    iptables rules: the rig's builds need no network. ``images`` are copied in from the
+    shared daemon (``docker save | docker load``)."""
+
+    def __init__(self, images: list[str]) -> None:
+        # Short: containerd's sockets live under the exec root (Unix sockets allow ~107).
+        self.home = Path(tempfile.mkdtemp(prefix="fdd-", dir="/tmp"))
+        self.socket = self.home / "d.sock"
+        self.host = f"unix://{self.socket}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.images = images
+
+    def start(self, timeout: float = 60) -> None:
+        log = (self.home / "dockerd.log").open("ab")
+        self.process = subprocess.Popen(
+            [
+                *("dockerd", "--host", self.host, "--data-root", str(self.home / "data")),
+                *("--exec-root", str(self.home / "x"), "--pidfile", str(self.home / "d.pid")),
+                *("--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-masq=false"),
+                "--shutdown-timeout=2",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while self.docker("info").returncode != 0:
+            assert self.process.poll() is None, (self.home / "dockerd.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the private dockerd did not answer"
+            time.sleep(0.3)
+
+    def load_images(self) -> None:
+        saved = subprocess.Popen(["docker", "save", *self.images], stdout=subprocess.PIPE)
+        loaded = subprocess.run(
+            ["docker", "load"], stdin=saved.stdout, env=self.env(), capture_output=True
+        )
+        assert saved.wait() == 0 and loaded.returncode == 0, loaded.stderr
+
+    def stop(self) -> None:
+        """SIGTERM, as ``systemctl restart docker`` does; the daemon stops its containers."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_HOST": self.host}
+
+    def docker(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["docker", *args], env=self.env(), capture_output=True, text=True, check=False
+        )

@@ -26,6 +26,8 @@ class Backend(Protocol):
 
     #: What runs the builds, for the user: ``native cargo``, ``docker run``, …
     tool: str
+    #: What may have killed a build that ended by SIGKILL or SIGTERM, for the user.
+    killers: str
 
     def check(self, jobs: Sequence[BuildJob]) -> None:
         """Before any build: every tool and image the jobs need is there (else FdlError)."""

@@ -12,6 +12,11 @@ class ContainerBackend:
     """Stopping a ``docker`` client leaves its container running: remove the container,
     found by the run's and the job's labels, and the client exits with it."""
 
+    killers = (
+        "docker kill or docker stop, the out-of-memory killer, or the Docker daemon "
+        "stopping or restarting (it stops every container)"
+    )
+
     def stop_job(
         self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
     ) -> list[str]:

@@ -55,6 +55,7 @@ class NativeBackend:
     """``cargo build`` on the controller, ``LIBTORCH_PATH`` naming the variant."""
 
     tool = "native cargo"
+    killers = "the out-of-memory killer, or another process"
 
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
