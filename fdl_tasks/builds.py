@@ -14,7 +14,7 @@ from fdl_tasks.backends import Backend
 from fdl_tasks.builder import Builder, JobResult, concurrency, failure_report
 from fdl_tasks.cache import CompileCache, find_cache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
-from fdl_tasks.errors import FdlError, LeftRunning, Stopped
+from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.plan import BuildJob
 from fdl_tasks.run import Run
 
@@ -101,7 +101,9 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
             results = builder.run_all(jobs)
         except KeyboardInterrupt:
             if builder.left_running:
-                raise LeftRunning(
+                for line in builder.left_running:  # at once, even where progress is held back
+                    run.report(f"{run.task}: warning: {line}")
+                raise StoppedLeftRunning(
                     "interrupted, but not everything of this run could be stopped; no "
                     "envelope was published.\n" + left_report(builder.left_running)
                 ) from None

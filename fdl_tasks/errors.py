@@ -19,8 +19,15 @@ class Stopped(Exception):
 
 
 class LeftRunning(FdlError):
-    """A stop or a timeout left a build container or process it could not remove.
+    """A failed run (a build timed out) left a container or process it could not remove.
 
-    The run is not clean whatever else happened: tasks exit with code 3 (not 1,
-    not 130), and the message names each one with the command that removes it.
+    The run is not clean: tasks exit with code 3, not 1; the message names each
+    one with the command that removes it.
+    """
+
+
+class StoppedLeftRunning(Stopped):
+    """A stop that could not remove every container or process of the run.
+
+    Still a stop (a watch ends), but not a clean one: tasks exit with code 3, not 130.
     """

@@ -145,9 +145,13 @@ def unremovable(container: str) -> Iterator[None]:
 
 class PrivateDockerd:
     """A second Docker daemon of the test's own (socket, data root, exec root, containerd),
-    so that restarting it never touches the daemon other runs share. No bridge and no
-    iptables rules: the rig's builds need no network. ``images`` are copied in from the
-    shared daemon (``docker save | docker load``)."""
+    so that restarting it never touches the daemon other runs share. Its own bridge
+    (:data:`BRIDGE`, made here) and no iptables rules. Never ``--bridge=none``: a
+    daemon started so deletes the host's ``docker0``, the shared daemon's bridge.
+    ``images`` are copied in from the shared daemon (``docker save | docker load``)."""
+
+    #: The private daemon's bridge and its address (a benchmarking range, RFC 2544).
+    BRIDGE, ADDRESS = "fdlrig-dd0", "198.18.213.1/24"
 
     def __init__(self, images: list[str]) -> None:
         # Short: containerd's sockets live under the exec root (Unix sockets allow ~107).
@@ -158,12 +162,17 @@ class PrivateDockerd:
         self.images = images
 
     def start(self, timeout: float = 60) -> None:
+        if subprocess.run(["ip", "link", "show", self.BRIDGE], capture_output=True).returncode:
+            run_root(["ip", "link", "add", "name", self.BRIDGE, "type", "bridge"])
+            run_root(["ip", "addr", "add", self.ADDRESS, "dev", self.BRIDGE])
+            run_root(["ip", "link", "set", self.BRIDGE, "up"])
         log = (self.home / "dockerd.log").open("ab")
         self.process = subprocess.Popen(
             [
                 *("dockerd", "--host", self.host, "--data-root", str(self.home / "data")),
                 *("--exec-root", str(self.home / "x"), "--pidfile", str(self.home / "d.pid")),
-                *("--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-masq=false"),
+                *(f"--bridge={self.BRIDGE}", "--iptables=false", "--ip6tables=false"),
+                "--ip-masq=false",
                 "--shutdown-timeout=2",
             ],
             stdin=subprocess.DEVNULL,
@@ -196,6 +205,7 @@ class PrivateDockerd:
 
     def remove(self) -> None:
         self.stop()
+        subprocess.run(["ip", "link", "delete", self.BRIDGE], check=False, capture_output=True)
         shutil.rmtree(self.home, ignore_errors=True)
 
     def env(self) -> dict[str, str]:

@@ -31,10 +31,16 @@ VARIANTS = ("precompiled/cu128", "precompiled/cu126", "precompiled/cpu")
 ENVELOPE = "target/cluster/_envelopes/ddp-bench.json"
 
 
+def shared_bridge_up() -> bool:
+    """The shared daemon's ``docker0`` is still there (other runs build through it)."""
+    return subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0
+
+
 @pytest.fixture(scope="module")
 def dockerd() -> Iterator[PrivateDockerd]:
     ensure_dockerd()
     ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
+    had_bridge = shared_bridge_up()
     daemon = PrivateDockerd([f"{BUILDER_IMAGE}:{tag}" for tag in RIG_TAGS])
     try:
         daemon.start()
@@ -42,6 +48,7 @@ def dockerd() -> Iterator[PrivateDockerd]:
         yield daemon
     finally:
         daemon.remove()
+    assert shared_bridge_up() or not had_bridge, "the private dockerd removed docker0"
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from fdl_tasks.envelope import decode
 from fdl_tasks.layout import host_binary
 from rig.faults import held_verification, unremovable
-from rig.harness import RigCluster, containers, prebuild_args, start_rig
+from rig.harness import RigCluster, Running, containers, prebuild_args, start_rig
 from rig.sshrig import HostSpec
 
 pytestmark = [pytest.mark.rig]
@@ -65,6 +65,25 @@ def published(rig: RigCluster) -> list[str]:
 
 def build_host(path: Path, host: str) -> list[str]:
     return ["build-host", "--host", host, "--cmd", "ddp-bench", "--cluster-file", str(path)]
+
+
+def run_label(run: Running) -> str:
+    """The label of every container of that run, from its start line."""
+    run.wait_for(lambda: "(run " in run.stderr)
+    found = re.search(r"\(run ([0-9a-f]+):", run.stderr)
+    assert found is not None, run.stderr
+    return f"fdl-tasks.run={found.group(1)}"
+
+
+def running_container(run: Running) -> tuple[str, str]:
+    """One running build container of that run: its id and its name."""
+    label = run_label(run)
+    run.wait_for(lambda: bool(containers(label, running=True)))
+    victim = containers(label, running=True)[0]
+    name = subprocess.run(
+        ["docker", "inspect", "-f", "{{.Name}}", victim], capture_output=True, text=True
+    ).stdout.strip("/\n")
+    return victim, name
 
 
 def test_build_host_racing_prebuild_loses_no_entry(rig: RigCluster) -> None:
@@ -110,26 +129,39 @@ def test_container_that_refuses_removal_is_named(rig: RigCluster) -> None:
     it and exits 3, not 130: it did not stop cleanly."""
     path = cluster(rig, "pinned.yaml", docker=True, sleep=120)
     run = rig.background(*prebuild_args(path), env={"INVOKE_FDL_COMPILE_CACHE": "0"})
-    run.wait_for(lambda: "(run " in run.stderr)
-    found = re.search(r"\(run ([0-9a-f]+):", run.stderr)
-    assert found is not None
-    label = f"fdl-tasks.run={found.group(1)}"
-    run.wait_for(lambda: bool(containers(label, running=True)))
-    victim = containers(label, running=True)[0]
-    name = subprocess.run(
-        ["docker", "inspect", "-f", "{{.Name}}", victim], capture_output=True, text=True
-    ).stdout.strip("/\n")
+    victim, name = running_container(run)
+    label = run_label(run)
     with unremovable(victim):
         run.process.send_signal(signal.SIGINT)
         code = run.finish(timeout=60)
         assert code == 3, run.stderr
         assert "interrupted, but not everything of this run could be stopped" in run.stderr
-        assert f"container {name} could not be removed (" in run.stderr
+        assert f"prebuild: warning: container {name} could not be removed (" in run.stderr
         assert f"remove it with docker rm -f {name}" in run.stderr
         assert "operation not permitted" in run.stderr
         assert "Traceback" not in run.stderr
         assert containers(label) == [victim]  # every other container of the run is gone
     assert not (rig.project / ENVELOPE).exists()
+
+
+@pytest.mark.docker
+def test_timed_out_build_whose_container_refuses_removal(rig: RigCluster) -> None:
+    """The build's timeout expires; its container cannot be removed: the failure names it
+    with the command that removes it, and exits 3, not 1."""
+    settings = {**rig.docker_settings(), "env": {"FDL_FIXTURE_BUILD_SLEEP": "120"}}
+    path = rig.write([rig.worker("alpha", arch=VARIANTS[0])], "timeout.yaml", docker=settings)
+    run = rig.background(*prebuild_args(path, "--timeout", "20"), env={})
+    victim, name = running_container(run)
+    with unremovable(victim):
+        code = run.finish(timeout=120)
+    assert code == 3, run.stderr
+    paragraph = run.stderr[run.stderr.rindex("\nfdl: ") + 1 :]
+    assert paragraph.startswith("fdl: 1 of 1 build(s) failed; no envelope was published."), (
+        run.stderr
+    )
+    assert "failed: timed out after 20s" in paragraph
+    assert "left running or not removed (the run is not clean, exit code 3):" in paragraph
+    assert f"remove it with docker rm -f {name}" in paragraph
 
 
 def test_killed_while_publishing_then_run_again_recovers(rig: RigCluster) -> None:
