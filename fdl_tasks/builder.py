@@ -9,6 +9,7 @@ and the interrupt propagates. How a build runs and stops is the backend's
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -149,11 +150,11 @@ class Builder:
             try:
                 result = self._build(job, started)
             except OSError as exc:
+                detail = f"cannot write under {self.root / job.target_dir}: {exc}"
+                if exc.errno == errno.ENOSPC:
+                    detail += f": the disk holding {self.root / job.target_dir} is full"
                 result = JobResult(
-                    job=job,
-                    ok=False,
-                    seconds=time.monotonic() - started,
-                    detail=f"cannot write under {self.root / job.target_dir}: {exc}",
+                    job=job, ok=False, seconds=time.monotonic() - started, detail=detail
                 )
         self.board.finished(job.name, ok=result.ok, seconds=result.seconds, detail=result.detail)
         return result

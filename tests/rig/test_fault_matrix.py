@@ -11,6 +11,7 @@ fault, the last good envelope kept or withdrawn, no partial file at a final path
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,10 @@ from rig.faults import bind_view, fill, held_verification, kill_sshd, read_only,
 from rig.harness import RigCluster, prebuild_args, start_rig
 from rig.sshrig import HostSpec
 
-pytestmark = [pytest.mark.rig]
+pytestmark = [
+    pytest.mark.rig,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the faults are mounts: they need root"),
+]
 
 HOSTS = [
     HostSpec("alpha", "127.0.0.208"),
@@ -32,7 +36,7 @@ HOSTS = [
 ]
 VARIANTS = ("precompiled/cu128", "precompiled/cu126", "precompiled/cpu")
 ENVELOPE = "target/cluster/_envelopes/ddp-bench.json"
-SLOW = {"FDL_FIXTURE_BUILD_SLEEP": "3"}
+SLOW = {"FDL_FIXTURE_BUILD_SLEEP": "6"}
 
 
 @pytest.fixture(scope="module")

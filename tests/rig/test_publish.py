@@ -87,15 +87,17 @@ def running_container(run: Running) -> tuple[str, str]:
 
 
 def test_build_host_racing_prebuild_loses_no_entry(rig: RigCluster) -> None:
-    """build-host arrives while prebuild holds the lock: it merges into what prebuild
-    published, not into what was there before it waited (nothing: it would keep beta alone)."""
+    """build-host arrives while prebuild holds the lock (held there, verifying gamma): it
+    merges into what prebuild published, not into what was there before it waited
+    (nothing: it would publish beta alone)."""
     path = cluster(rig, "race.yaml")
-    slow = {"FDL_FIXTURE_BUILD_SLEEP": "4"}
-    first = rig.background(*prebuild_args(path), env=slow)
-    first.wait_for(lambda: "build(s) with" in first.stderr)  # inside the lock
-    second = rig.background(*build_host(path, "beta"), env={})
-    second.wait_for(lambda: WAITING in second.stderr)
-    assert first.finish() == 0, first.stderr
+    with held_verification(rig.rig, "gamma", rig.root) as (started, go):
+        first = rig.background(*prebuild_args(path), env={})
+        first.wait_for(started.exists, timeout=120)  # inside the lock
+        second = rig.background(*build_host(path, "beta"), env={})
+        second.wait_for(lambda: WAITING in second.stderr, timeout=120)
+        go.touch()
+        assert first.finish() == 0, first.stderr
     assert second.finish() == 0, second.stderr
     assert published(rig) == ["alpha", "beta", "gamma"], second.stderr
     written = f"envelope of ddp-bench for 3 host(s) written to {rig.project / ENVELOPE}"
