@@ -1,5 +1,6 @@
-"""A native build's process group that cannot be stopped is named, with the command that
-stops it (real processes: the group is root's, the stopping process is ``nobody``'s)."""
+"""What a stop could not stop is named, with the command that does: a native build's
+process group (real processes: the group is root's, the stopping process is ``nobody``'s),
+and the containers of a daemon that does not answer."""
 
 from __future__ import annotations
 
@@ -40,3 +41,21 @@ def test_a_process_group_that_cannot_be_killed_is_named() -> None:
     finally:
         build.kill()
         build.wait()
+
+
+def test_a_daemon_that_cannot_list_the_containers_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No answer is not "nothing to remove": the run's containers may still run."""
+    from fdl_tasks.containers import remove_containers
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    [line] = remove_containers("fdl-tasks.run=ab12", "fdl-tasks.job=node b")
+    assert line.startswith(
+        "containers labelled fdl-tasks.run=ab12 fdl-tasks.job=node b may be left: "
+        "the Docker daemon did not list them ("
+    )
+    assert line.endswith(
+        "remove them with docker rm -f $(docker ps -aq --filter label=fdl-tasks.run=ab12 "
+        "--filter label='fdl-tasks.job=node b')"
+    )
