@@ -362,9 +362,8 @@ class Bench:
         if not self._up:
             return
         with contextlib.suppress(Exception):
-            removed = remove_our_containers(self.owner)
-            if removed:
-                log(f"teardown: removed {removed} leftover container(s)")
+            for line in remove_our_containers(self.owner):
+                log(f"teardown: {line}")
         try:
             self.rig.down()
             log("teardown: rig down (every sshd stopped)")

@@ -9,6 +9,7 @@ and the interrupt propagates. How a build runs and stops is the backend's
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -97,6 +98,8 @@ class Builder:
         self.timeout, self.jobs, self.board, self.cache = timeout, jobs, board, cache
         self._processes: dict[str, tuple[BuildJob, int]] = {}
         self._lock = threading.Lock()
+        #: What a stop or a timeout could not remove, each line with the command that does.
+        self.left_running: list[str] = []
 
     def command(self, job: BuildJob) -> str:
         return self.backend.command(job, self.run_id, self.cache)
@@ -124,12 +127,19 @@ class Builder:
         return results
 
     def stop(self) -> None:
-        """Stop every build this run started."""
+        """Stop every build this run started; what could not be is in :attr:`left_running`."""
         with self._lock:
             running = list(self._processes.values())
-        for job, process in running:
-            self.backend.stop_job(job, self.run_id, process, self.cache)
-        self.backend.stop_run(self.run_id)
+        left = [
+            line
+            for job, process in running
+            for line in self.backend.stop_job(job, self.run_id, process, self.cache)
+        ]
+        self._left(left + self.backend.stop_run(self.run_id))
+
+    def _left(self, lines: Sequence[str]) -> None:
+        with self._lock:
+            self.left_running += [line for line in lines if line not in self.left_running]
 
     def run_one(self, job: BuildJob) -> JobResult:
         started = time.monotonic()
@@ -146,11 +156,11 @@ class Builder:
             try:
                 result = self._build(job, started)
             except OSError as exc:
+                detail = f"cannot write under {self.root / job.target_dir}: {exc}"
+                if exc.errno == errno.ENOSPC:
+                    detail += f": the disk holding {self.root / job.target_dir} is full"
                 result = JobResult(
-                    job=job,
-                    ok=False,
-                    seconds=time.monotonic() - started,
-                    detail=f"cannot write under {self.root / job.target_dir}: {exc}",
+                    job=job, ok=False, seconds=time.monotonic() - started, detail=detail
                 )
         self.board.finished(job.name, ok=result.ok, seconds=result.seconds, detail=result.detail)
         return result
@@ -203,16 +213,22 @@ class Builder:
             problem = f"timed out after {self.timeout:g}s"
         elif exit_code != 0:
             problem = f"cargo exited {exit_code}"
+            signal_name = {128 + 9: "SIGKILL", 128 + 15: "SIGTERM"}.get(exit_code)
+            if signal_name:
+                problem += f" (killed by {signal_name}: {self.backend.killers})"
         elif not built.is_file():
             problem = f"cargo succeeded but {built} is missing"
         if problem:
+            tail = log_tail(log_path)
+            if "No space left on device" in tail:
+                problem += f": the disk holding {self.root / job.target_dir} is full"
             return JobResult(
                 job=job,
                 ok=False,
                 seconds=seconds,
                 detail=problem,
                 exit_code=None if expired.is_set() else exit_code,
-                log_tail=log_tail(log_path),
+                log_tail=tail,
             )
         for host in job.hosts:
             destination = self.root / job.host_binary(host)
@@ -229,7 +245,7 @@ class Builder:
 
     def _expire(self, job: BuildJob, process: int, expired: threading.Event) -> None:
         expired.set()
-        self.backend.stop_job(job, self.run_id, process, self.cache)
+        self._left(self.backend.stop_job(job, self.run_id, process, self.cache))
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

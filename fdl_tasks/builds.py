@@ -14,7 +14,7 @@ from fdl_tasks.backends import Backend
 from fdl_tasks.builder import Builder, JobResult, concurrency, failure_report
 from fdl_tasks.cache import CompileCache, find_cache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
-from fdl_tasks.errors import FdlError, Stopped
+from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.plan import BuildJob
 from fdl_tasks.run import Run
 
@@ -100,6 +100,13 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
         try:
             results = builder.run_all(jobs)
         except KeyboardInterrupt:
+            if builder.left_running:
+                for line in builder.left_running:  # at once, even where progress is held back
+                    run.report(f"{run.task}: warning: {line}")
+                raise StoppedLeftRunning(
+                    "interrupted, but not everything of this run could be stopped; no "
+                    "envelope was published.\n" + left_report(builder.left_running)
+                ) from None
             raise Stopped(
                 "interrupted: every build of this run was stopped; no envelope was published"
             ) from None
@@ -107,8 +114,18 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
         run.report(line)
     failures = [r for r in results if not r.ok]
     if failures:
-        raise FdlError(
+        message = (
             f"{len(failures)} of {len(results)} build(s) failed; no envelope was "
             "published.\n" + "\n".join(failure_report(r, str(run.root)) for r in failures)
         )
+        if builder.left_running:
+            raise LeftRunning(message + "\n" + left_report(builder.left_running))
+        raise FdlError(message)
     return results
+
+
+def left_report(lines: Sequence[str]) -> str:
+    """What a stop left behind, for the user to remove (the exit code is then 3)."""
+    return "left running or not removed (the run is not clean, exit code 3):\n" + "\n".join(
+        f"  {line}" for line in lines
+    )

@@ -4,7 +4,8 @@ Every option is a flag (``--cmd X``, never a bare positional, so ``inv
 prebuild --help`` is help); short flags are chosen, not automatic: one long
 option has the same short flag in every task (:data:`SHORT_FLAGS`), or none.
 A value Invoke cannot cast is a usage error, an :class:`FdlError` one
-paragraph and exit code 1, a stop by the user (Ctrl-C, SIGTERM) exit code 130.
+paragraph and exit code 1, a stop by the user (Ctrl-C, SIGTERM) exit code 130, a
+failure or a stop that left a build container or process it could not remove exit code 3.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from invoke.exceptions import Exit, ParseError
 from invoke.parser.argument import Argument
 from invoke.tasks import Task, task
 
-from fdl_tasks.errors import FdlError, Stopped
+from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.rules import check_command
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,12 +85,15 @@ def _cluster_file_name(c: Context, option: str | None) -> str:
 
 
 def user_errors(body: F) -> F:
-    """Turn :class:`FdlError` into a clean message and exit 1, a stop into exit 130."""
+    """Turn :class:`FdlError` into a clean message and exit 1, a stop into exit 130, and
+    either into exit 3 when it left a container or process it could not remove."""
 
     @functools.wraps(body)
     def wrapper(c: Context, *args: Any, **kwargs: Any) -> Any:
         try:
             return body(c, *args, **kwargs)
+        except (LeftRunning, StoppedLeftRunning) as exc:
+            raise Exit(f"fdl: {exc}", code=3) from None
         except FdlError as exc:
             name = _cluster_file_name(c, kwargs.get("cluster_file"))
             raise Exit(f"fdl: {str(exc).replace('cluster.yaml', name)}", code=1) from None

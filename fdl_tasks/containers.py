@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -201,21 +202,46 @@ def _compose(
     return answer.stdout
 
 
-def remove_containers(*labels: str) -> int:
-    """Remove every container carrying all ``labels`` (``key`` or ``key=value``); how many.
+def remove_containers(*labels: str) -> list[str]:
+    """Remove every container carrying all ``labels`` (``key`` or ``key=value``).
 
-    A daemon that does not answer has none to remove.
+    What could not be removed, one line each naming it, why, and the command
+    that removes it; a daemon that does not answer is one such line, since
+    containers it cannot list may still run.
     """
     import docker as docker_sdk
+    import requests
 
-    removed = 0
-    with contextlib.suppress(docker_sdk.errors.DockerException):
+    failures = (docker_sdk.errors.DockerException, requests.RequestException)
+    filters = " ".join(f"--filter label={shlex.quote(label)}" for label in labels)
+    try:
         client = _docker_client()
-        for container in client.containers.list(all=True, filters={"label": list(labels)}):
-            container.remove(force=True)
-            removed += 1
+        found = client.containers.list(all=True, filters={"label": list(labels)})
+    except failures as exc:
+        return [
+            f"containers labelled {' '.join(labels)} may be left: the Docker daemon did not "
+            f"list them ({_one_line(exc)}); remove them with "
+            f"docker rm -f $(docker ps -aq {filters})"
+        ]
+    left = []
+    try:
+        for container in found:
+            try:
+                container.remove(force=True)
+            except docker_sdk.errors.NotFound:
+                pass  # gone meanwhile (its client's --rm)
+            except failures as exc:
+                left.append(
+                    f"container {container.name} could not be removed ({_one_line(exc)}); "
+                    f"remove it with docker rm -f {container.name}"
+                )
+    finally:
         client.close()
-    return removed
+    return left
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
 
 
 def user_ids() -> tuple[int, int]:

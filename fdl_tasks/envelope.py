@@ -135,12 +135,22 @@ def read_published(root: Path, command: str) -> tuple[dict[str, PerHostEnvelope]
         if is_for_command(from_environment, command):
             return from_environment, f"${ENV_PREBUILD_PER_HOST}"
     path = published_path(root, command)
-    try:
-        return decode(path.read_text(encoding="utf-8"), str(path)), str(path)
-    except FileNotFoundError:
+    published = read_file(path)
+    if published is None:
         raise FdlError(
             f"{command!r} has no published envelope ({path} does not exist): "
             f"run inv prebuild --cmd {command} first"
-        ) from None
-    except OSError as exc:
+        )
+    return published, str(path)
+
+
+def read_file(path: Path) -> dict[str, PerHostEnvelope] | None:
+    """The envelope in ``path``, ``None`` when there is none; unreadable or malformed is an
+    error naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
         raise FdlError(f"cannot read the envelope {path}: {exc}") from None
+    return decode(text, str(path))

@@ -16,3 +16,18 @@ class Stopped(Exception):
     "a build failed" (it keeps watching after a failure, never after a stop).
     Tasks turn it into one line and exit code 130.
     """
+
+
+class LeftRunning(FdlError):
+    """A failed run (a build timed out) left a container or process it could not remove.
+
+    The run is not clean: tasks exit with code 3, not 1; the message names each
+    one with the command that removes it.
+    """
+
+
+class StoppedLeftRunning(Stopped):
+    """A stop that could not remove every container or process of the run.
+
+    Still a stop (a watch ends), but not a clean one: tasks exit with code 3, not 130.
+    """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -14,14 +15,25 @@ from fdl_tasks.errors import FdlError
 
 def replace_atomically(path: Path, fill: Callable[[Path], object]) -> None:
     """``fill`` writes a hidden partial file beside ``path``, which then replaces it:
-    readers see the old file or the new one, never a half-written one."""
+    readers see the old file or the new one, never a half-written one. A partial
+    file that could not be finished (a full disk) is removed, not left beside it."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
         fill(partial)
         os.replace(partial, path)
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
         raise FdlError(f"cannot write {path}: {exc}") from None
+
+
+def remove_partials(path: Path) -> None:
+    """Remove the partial files of ``path`` that a killed run left (call under the project
+    lock, when no other run can be writing one)."""
+    with contextlib.suppress(OSError):
+        for partial in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
+            partial.unlink(missing_ok=True)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -70,8 +82,9 @@ def project_lock(path: Path, report: Callable[[str], None]) -> Iterator[None]:
                 f"({holder}) to finish"
             )
             fcntl.flock(lock, fcntl.LOCK_EX)
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()}\n")
-        lock.flush()
+        with contextlib.suppress(OSError):  # who holds it is a courtesy: a full disk may refuse it
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"pid {os.getpid()}\n")
+            lock.flush()
         yield

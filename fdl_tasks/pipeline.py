@@ -26,7 +26,7 @@ from fdl_tasks.builds import run_builds
 from fdl_tasks.delivery import Delivery, verify_delivery
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.files import project_lock
+from fdl_tasks.files import project_lock, remove_partials
 from fdl_tasks.gpu_gate import with_chosen_archs
 from fdl_tasks.layout import LOCK_FILE
 from fdl_tasks.model import Worker
@@ -184,33 +184,65 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
 def build_and_publish(
     run: Run, fleet: Fleet, backend: Backend, jobs: list[BuildJob], command: str, crate: str
 ) -> Published:
-    """Under the project lock: withdraw the command's envelope, build, verify, publish."""
+    """The one publish path (prebuild, build-host, each watch cycle), under the project lock:
+    read the merge base, withdraw the command's envelope, build, verify, merge, publish.
+
+    The merge base is the published envelope, read under the lock so that a run
+    publishing meanwhile is never overwritten by a stale copy: the entries of
+    current hosts these jobs do not build are kept (build-host), the others are
+    this run's. An envelope that cannot be read is an error naming the file when
+    an entry of it would be kept; when every entry is rebuilt it is replaced, saying so.
+    """
+    workers = {w.host: w for w in run.remotes}
+    envelopes = {
+        host: PerHostEnvelope.for_worker(workers[host], command, crate, job.spec.cpu_arch)
+        for job in jobs
+        for host in job.hosts
+    }
+    path = envelope.published_path(run.root, command)
     with project_lock(run.root / LOCK_FILE, run.report):
+        # What a run killed while publishing left (the lock died with it).
+        remove_partials(path)
+        for job in jobs:
+            for host in job.hosts:
+                remove_partials(run.root / job.host_binary(host))
+        kept = merge_base(run, command, set(workers) - set(envelopes))
         # Withdraw first: if this run fails, nothing may point a launcher at
         # binaries that are now stale.
         envelope.withdraw(run.root, command)
         results = run_builds(run, backend, jobs)
-        workers = {w.host: w for w in run.remotes}
-        envelopes = {
-            host: PerHostEnvelope.for_worker(workers[host], command, crate, job.spec.cpu_arch)
-            for job in jobs
-            for host in job.hosts
-        }
         delivery = None
         if run.settings.verify:
             built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
             delivery = verify(run, fleet, envelopes, built)
-        text = envelope.publish(run.root, command, envelopes)
-    path = envelope.published_path(run.root, command)
-    run.report(f"{run.task}: envelope of {command} for {len(envelopes)} host(s) written to {path}")
+        merged = kept | envelopes
+        text = envelope.publish(run.root, command, merged)
+    run.report(f"{run.task}: envelope of {command} for {len(merged)} host(s) written to {path}")
     return Published(
         command=command,
-        entries=envelopes,
+        entries=merged,
         text=text,
         path=path,
         results=tuple(results),
         delivery=delivery,
     )
+
+
+def merge_base(run: Run, command: str, keep: set[str]) -> dict[str, PerHostEnvelope]:
+    """The published entries of the hosts in ``keep`` (call under the project lock)."""
+    path = envelope.published_path(run.root, command)
+    try:
+        published = envelope.read_file(path)
+    except FdlError as exc:
+        if keep:
+            raise FdlError(
+                f"{exc}\nthe entries of {', '.join(sorted(keep))} would be kept from it, "
+                f"so nothing was built: fix or remove {path}, or rebuild every host "
+                f"with inv prebuild --cmd {command}"
+            ) from None
+        run.report(f"{run.task}: the published envelope cannot be read, replacing it: {exc}")
+        return {}
+    return {host: entry for host, entry in (published or {}).items() if host in keep}
 
 
 def verify(
@@ -247,8 +279,8 @@ def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published |
     """``build-host``: one host's build, verified and published into the command's envelope.
 
     The host's entry replaces its old one in the command's published envelope
-    (the other hosts' entries still match their binaries); without a published
-    envelope, the new one holds this host alone.
+    (the other current hosts' entries still match their binaries); without a
+    published envelope, the new one holds this host alone.
     """
     skip_final_collection()
     require_verification_possible(run)
@@ -260,29 +292,5 @@ def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published |
         run_builds(run, backend, jobs)
         return None
     backend.check(jobs)
-    try:
-        published, _ = envelope.read_published(run.root, command)
-    except FdlError:
-        published = {}
-    with (
-        Fleet([worker], run.settings, run.report) as fleet,
-        project_lock(run.root / LOCK_FILE, run.report),
-    ):
-        envelope.withdraw(run.root, command)
-        results = run_builds(run, backend, jobs)
-        entry = PerHostEnvelope.for_worker(worker, command, crate, jobs[0].spec.cpu_arch)
-        delivery = None
-        if run.settings.verify:
-            built = {worker.host: run.root / jobs[0].built_binary}
-            delivery = verify(run, fleet, {worker.host: entry}, built)
-        current = {w.host for w in run.remotes}
-        merged = {h: e for h, e in published.items() if h in current} | {worker.host: entry}
-        text = envelope.publish(run.root, command, merged)
-    return Published(
-        command=command,
-        entries=merged,
-        text=text,
-        path=envelope.published_path(run.root, command),
-        results=tuple(results),
-        delivery=delivery,
-    )
+    with Fleet([worker], run.settings, run.report) as fleet:
+        return build_and_publish(run, fleet, backend, jobs, command, crate)

@@ -289,8 +289,8 @@ def containers(*labels: str, running: bool = False) -> list[str]:
     return listed.stdout.split()
 
 
-def remove_our_containers(owner: str) -> int:
-    """Remove the build containers of ``owner``'s runs still present; how many there were."""
+def remove_our_containers(owner: str) -> list[str]:
+    """Remove the build containers of ``owner``'s runs still present; what could not be."""
     return remove_containers(f"{OWNER_LABEL}={owner}")
 
 

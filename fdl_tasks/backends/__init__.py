@@ -26,6 +26,8 @@ class Backend(Protocol):
 
     #: What runs the builds, for the user: ``native cargo``, ``docker run``, …
     tool: str
+    #: What may have killed a build that ended by SIGKILL or SIGTERM, for the user.
+    killers: str
 
     def check(self, jobs: Sequence[BuildJob]) -> None:
         """Before any build: every tool and image the jobs need is there (else FdlError)."""
@@ -35,11 +37,13 @@ class Backend(Protocol):
 
     def stop_job(
         self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
-    ) -> None:
-        """Stop one build now (its timeout expired, or the run is stopping)."""
+    ) -> list[str]:
+        """Stop one build now (its timeout expired, or the run is stopping); what could not
+        be stopped, each a line naming it and the command that removes it."""
 
-    def stop_run(self, run_id: str) -> None:
-        """After every job was stopped: whatever of the run may still be left."""
+    def stop_run(self, run_id: str) -> list[str]:
+        """After every job was stopped: whatever of the run may still be left (as
+        :meth:`stop_job`, what could not be removed)."""
 
     def run_note(self, run_id: str) -> str:
         """How the user finds this run's builds outside the tool ('' if nothing to say)."""

@@ -6,7 +6,6 @@ it started (and, with the compile cache, the build's sccache server).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shlex
@@ -56,6 +55,7 @@ class NativeBackend:
     """``cargo build`` on the controller, ``LIBTORCH_PATH`` naming the variant."""
 
     tool = "native cargo"
+    killers = "the out-of-memory killer, or another process"
 
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
@@ -72,16 +72,26 @@ class NativeBackend:
 
     def stop_job(
         self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
-    ) -> None:
+    ) -> list[str]:
         """The build's process group (its id is the process's: ``exec setsid``)."""
+        left = []
         if process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
                 os.killpg(process, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # ended meanwhile
+            except PermissionError as exc:
+                left.append(
+                    f"the build process group {process} of {job.name} could not be stopped "
+                    f"({exc}); stop it with kill -KILL -- -{process}"
+                )
         if cache:
             stop_server(cache, native_server(run_id, job.name))
+        return left
 
-    def stop_run(self, run_id: str) -> None:
+    def stop_run(self, run_id: str) -> list[str]:
         """Every job was stopped one by one: its process group is all there is."""
+        return []
 
     def run_note(self, run_id: str) -> str:
         return ""

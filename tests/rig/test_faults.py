@@ -23,6 +23,7 @@ import pytest
 
 from fdl_tasks.containers import remove_containers
 from fdl_tasks.envelope import decode
+from rig.faults import kill_sshd
 from rig.harness import RigCluster, Running, containers, inv_argv, prebuild_args, start_rig
 from rig.sshrig import HostSpec
 
@@ -190,7 +191,14 @@ def test_target_tree_not_writable(rig: RigCluster) -> None:
     assert "Traceback" not in done.stderr
 
 
+def arrived(run: Running, text: str) -> float:
+    """When (on the monotonic clock) the first stderr line holding ``text`` arrived."""
+    return run.started + next(at for at, line in run.lines if text in line)
+
+
 def test_two_prebuilds_at_once_both_finish(rig: RigCluster) -> None:
+    """The second waits for the first and never interleaves: its builds start only
+    after the first published."""
     path = cluster(rig, "twice.yaml", docker=False)
     env = {"FDL_FIXTURE_BUILD_SLEEP": "3"}
     first = rig.background("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
@@ -199,6 +207,7 @@ def test_two_prebuilds_at_once_both_finish(rig: RigCluster) -> None:
     assert first.finish() == 0, first.stderr
     assert second.finish() == 0, second.stderr
     assert "waiting for the prebuild already running on this project" in second.stderr
+    assert arrived(second, "build(s) with") > arrived(first, "written to"), second.stderr
     envelopes = decode((rig.project / ENVELOPE).read_text(), "envelope")
     assert sorted(envelopes) == ["alpha", "beta", "gamma"]
 
@@ -214,29 +223,6 @@ def test_host_disappearing_before_verification_is_a_warning(rig: RigCluster) -> 
         "verify: 2 host(s) verified (same bytes, every library resolves), 1 not verified: beta ("
         in run.stderr
     )
-
-
-def kill_sshd(config: Path) -> None:
-    """SIGKILL a host's sshd and its per-connection sshd processes, nothing else.
-
-    The session's shell is left orphaned, as when sshd crashes: the client
-    only sees its connection drop.
-    """
-    listener = subprocess.run(
-        ["pgrep", "-f", f"sshd -D -f {config}"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    victims, frontier = set(listener), list(listener)
-    while frontier:
-        children = subprocess.run(
-            ["pgrep", "-P", frontier.pop(), "-x", "sshd"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.split()
-        victims.update(children)
-        frontier += children
-    for pid in victims:
-        os.kill(int(pid), signal.SIGKILL)
 
 
 def test_sshd_killed_mid_probe_is_a_warning(rig: RigCluster) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, decode, encode
+from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, decode, encode, read_file
 from fdl_tasks.errors import FdlError
 
 # SPEC's example, as serde_json writes a BTreeMap<String, PerHostEnvelope>
@@ -116,3 +117,18 @@ def test_control_characters_round_trip() -> None:
     text = encode(envelopes)
     assert text == '{"h\\tx":{"bin":"a\\tb","ld_library_path":"/l\\n","cwd_subpath":"\\u0001"}}'
     assert decode(text, "x") == envelopes
+
+
+def test_read_file_none_when_missing_an_error_naming_it_otherwise(tmp_path: Path) -> None:
+    """The merge base of a publication: absent is no entries; unreadable or malformed is an
+    error naming the file, never an empty envelope."""
+    path = tmp_path / "ddp-bench.json"
+    assert read_file(path) is None
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(FdlError, match=f"cannot read the envelope {re.escape(str(path))}: "):
+        read_file(path)
+    path.write_text('{"a": {"bin": 3}}')
+    with pytest.raises(FdlError, match=f"{re.escape(str(path))}: a malformed prebuild envelope"):
+        read_file(path)
+    path.write_text(encode({"a": PerHostEnvelope("b", "c")}))
+    assert read_file(path) == {"a": PerHostEnvelope("b", "c")}

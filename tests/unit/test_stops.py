@@ -1,0 +1,61 @@
+"""What a stop could not stop is named, with the command that does: a native build's
+process group (real processes: the group is root's, the stopping process is ``nobody``'s),
+and the containers of a daemon that does not answer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import sys, types
+from fdl_tasks.backends.native import NativeBackend
+job = types.SimpleNamespace(name="node-b")
+print("\\n".join(NativeBackend(None).stop_job(job, "r1", int(sys.argv[1]), None)))
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_a_process_group_that_cannot_be_killed_is_named() -> None:
+    build = subprocess.Popen(["sleep", "60"], start_new_session=True)  # its own group
+    try:
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        done = subprocess.run(
+            [*nobody, sys.executable, "-c", SCRIPT, str(build.pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert build.poll() is None  # still running: nobody may not kill it
+        assert done.stdout.strip() == (
+            f"the build process group {build.pid} of node-b could not be stopped "
+            f"([Errno 1] Operation not permitted); stop it with kill -KILL -- -{build.pid}"
+        )
+    finally:
+        build.kill()
+        build.wait()
+
+
+def test_a_daemon_that_cannot_list_the_containers_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No answer is not "nothing to remove": the run's containers may still run."""
+    from fdl_tasks.containers import remove_containers
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    [line] = remove_containers("fdl-tasks.run=ab12", "fdl-tasks.job=node b")
+    assert line.startswith(
+        "containers labelled fdl-tasks.run=ab12 fdl-tasks.job=node b may be left: "
+        "the Docker daemon did not list them ("
+    )
+    assert line.endswith(
+        "remove them with docker rm -f $(docker ps -aq --filter label=fdl-tasks.run=ab12 "
+        "--filter label='fdl-tasks.job=node b')"
+    )
