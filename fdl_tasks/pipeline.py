@@ -118,7 +118,7 @@ def plan(
     if auto:
         raise FdlError(
             f"arch: auto on {', '.join(auto)} is chosen from preflight's probe, which this run "
-            "does not make (--dry, build-host, a watch cycle): run inv prebuild, or set 'arch'"
+            "does not make (--dry, build-host): run inv prebuild, or set 'arch'"
         )
     jobs = plan_builds(
         workers,
@@ -149,12 +149,14 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
 
     Builds are planned from the pinned CPU architectures so that the tool checks
     overlap the ssh probe, and planned again if preflight found others.
-    ``probe=False`` (a watch cycle) skips preflight; verification still runs.
+    ``probe=False`` (a watch cycle) skips preflight, unless a host's arch is ``auto``:
+    its choice is made from the probe, so such a run always probes; verification still runs.
     """
     skip_final_collection()
     require_verification_possible(run)
     pinned = cross_cpu_archs(run)
-    auto = probe and not run.dry and any(w.arch == AUTO for w in run.remotes)
+    auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
+    probe = probe or auto
     jobs = [] if auto else plan(run, run.remotes, command, crate, pinned)
     backend = backend_for(run.cluster.controller)
     run.warn_unlisted_controller()
