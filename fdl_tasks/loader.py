@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+import fdl_tasks.copy_plan  # noqa: F401 - registers the delivery mode's value check
 from fdl_tasks.converter import structure
 from fdl_tasks.dist import check_dist  # also registers controller.dist's value checks
 from fdl_tasks.errors import FdlError

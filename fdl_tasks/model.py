@@ -52,6 +52,8 @@ RamShare = Annotated[float, "RamShare"]
 SchedulerUrl = Annotated[str, "SchedulerUrl"]
 #: A file on the controller: an absolute path, or one starting with ``~/``.
 ControllerFile = Annotated[str, "ControllerFile"]
+#: How a host gets its binary: ``shared`` (it sees the project) or ``copy`` (uploaded to it).
+DeliveryMode = Annotated[str, "DeliveryMode"]
 
 #: How the controller runs builds (see :attr:`Controller.build_mode`).
 BuildMode = Literal["native", "docker", "compose"]
@@ -164,6 +166,7 @@ class Worker:
     ssh: SshSettings = SshSettings()
     env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)
     gpu_ram_share: RamShare | None = None
+    delivery: DeliveryMode | None = None  # None: the cluster's ``delivery``
     # flodl's own keys: accepted and carried for the launcher, unused here.
     ranks: Any = None
     local_devices: Any = None
@@ -185,6 +188,7 @@ class Cluster:
     workers: tuple[Worker, ...] = ()
     env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)
     gpu_ram_share: RamShare | None = None
+    delivery: DeliveryMode = "shared"
 
     def worker(self, label: str) -> Worker:
         """The worker called ``label``; a clear error listing the known ones otherwise."""

@@ -22,6 +22,7 @@ import fdl_tasks.envelope as envelope
 from fdl_tasks.backends import Backend, backend_for
 from fdl_tasks.builder import JobResult
 from fdl_tasks.builds import run_builds
+from fdl_tasks.copying import copy_step
 from fdl_tasks.delivery import Delivery, verify_delivery
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
@@ -185,10 +186,9 @@ def build_and_publish(
             for job in jobs
             for host in job.hosts
         }
-        delivery = None
-        if run.settings.verify:
-            built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
-            delivery = verify(run, fleet, envelopes, built)
+        built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
+        copy_step(run, fleet, envelopes, built)  # copy hosts: upload what is missing
+        delivery = verify(run, fleet, envelopes, built) if run.settings.verify else None
         text = envelope.publish(run.root, command, envelopes)
     path = envelope.published_path(run.root, command)
     run.report(f"{run.task}: envelope of {command} for {len(envelopes)} host(s) written to {path}")
@@ -260,10 +260,9 @@ def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published |
         envelope.withdraw(run.root, command)
         results = run_builds(run, backend, jobs)
         entry = PerHostEnvelope.for_worker(worker, command, crate, jobs[0].spec.cpu_arch)
-        delivery = None
-        if run.settings.verify:
-            built = {worker.host: run.root / jobs[0].built_binary}
-            delivery = verify(run, fleet, {worker.host: entry}, built)
+        built = {worker.host: run.root / jobs[0].built_binary}
+        copy_step(run, fleet, {worker.host: entry}, built)  # a copy host: upload if missing
+        delivery = verify(run, fleet, {worker.host: entry}, built) if run.settings.verify else None
         current = {w.host for w in run.remotes}
         merged = {h: e for h, e in published.items() if h in current} | {worker.host: entry}
         text = envelope.publish(run.root, command, merged)
