@@ -291,3 +291,17 @@ def test_full_disk_and_unwritable_path_name_the_host_others_finish(
         final = private_dir(rig, "cp-a") / binary("cp-a")
         assert sha(final) == sha(rig.project / binary("cp-a")), "cp-a did not finish"
     assert not list(small_disk.rglob("*fdl-part*"))
+
+
+def test_missing_variant_on_a_copy_host_stops_before_any_build(rig: RigCluster) -> None:
+    bare = rig.root / "bare-cp-b"
+    bare.mkdir(exist_ok=True)
+    shutil.chown(bare, RIG_USER, RIG_USER)
+    name = "bare.yaml"
+    write_cluster(rig, name, **{"cp-b": {"path": str(bare)}})
+    done = prebuild(rig, name=name)
+    assert done.returncode == 1, done.stderr
+    lib = bare / "libtorch" / ARCHS["cp-b"] / "lib"
+    assert f"cp-b: libtorch variant not found at {lib}" in done.stderr, done.stderr
+    assert "nothing was built" in done.stderr
+    assert " started" not in done.stderr and not (bare / "target").exists()
