@@ -305,3 +305,32 @@ def test_missing_variant_on_a_copy_host_stops_before_any_build(rig: RigCluster) 
     assert f"cp-b: libtorch variant not found at {lib}" in done.stderr, done.stderr
     assert "nothing was built" in done.stderr
     assert " started" not in done.stderr and not (bare / "target").exists()
+
+
+def push(rig: RigCluster, name: str) -> Any:
+    return rig.inv("push-libtorch", "--host", "cp-b", "--cluster-file", str(rig.root / name))
+
+
+def test_push_libtorch_moves_only_changed_files(rig: RigCluster) -> None:
+    """After the test above: cp-b's bare path gets its variant, then nothing, then one file."""
+    bare = rig.root / "bare-cp-b"
+    variant = rig.project / "libtorch" / ARCHS["cp-b"]
+    done = push(rig, "bare.yaml")
+    assert done.returncode == 0, done.stderr
+    files = sorted(p.relative_to(variant) for p in variant.rglob("*") if p.is_file())
+    assert files and f"cp-b: {len(files)} of {len(files)} file(s) to send" in done.stderr
+    for relative in files:
+        copy = bare / "libtorch" / ARCHS["cp-b"] / relative
+        assert copy.read_bytes() == (variant / relative).read_bytes()
+    again = push(rig, "bare.yaml")
+    assert f"cp-b: 0 of {len(files)} file(s) to send" in again.stderr, again.stderr
+    extra = variant / "share" / "note.txt"
+    extra.parent.mkdir(exist_ok=True)
+    extra.write_text("one more file\n")
+    try:
+        third = push(rig, "bare.yaml")
+        assert f"cp-b: 1 of {len(files) + 1} file(s) to send" in third.stderr, third.stderr
+    finally:
+        extra.unlink()
+    built = prebuild(rig, name="bare.yaml")
+    assert built.returncode == 0, built.stderr
