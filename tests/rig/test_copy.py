@@ -272,7 +272,9 @@ def test_full_disk_and_unwritable_path_name_the_host_others_finish(
     rig: RigCluster, small_disk: Path
 ) -> None:
     locked = rig.root / "locked-cp-b"
-    locked.mkdir(exist_ok=True)  # root's: the ssh user cannot create the tree in it
+    variant = Path("libtorch") / ARCHS["cp-b"]
+    shutil.rmtree(locked, ignore_errors=True)  # root's: the ssh user reads it, cannot write
+    shutil.copytree(private_dir(rig, "cp-b") / variant, locked / variant, symlinks=True)
     edit(rig, 5)
     for path, expected in [
         (small_disk, f"cp-b: not enough space in {small_disk / binary('cp-b')}".rsplit("/", 1)[0]),
@@ -334,3 +336,35 @@ def test_push_libtorch_moves_only_changed_files(rig: RigCluster) -> None:
         extra.unlink()
     built = prebuild(rig, name="bare.yaml")
     assert built.returncode == 0, built.stderr
+
+
+CYCLE = re.compile(r"^watch: cycle (\d+) (ok|FAILED)")
+
+
+def cycle_states(run: Running) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2) for _, line in list(run.lines) if (m := CYCLE.match(line))}
+
+
+def test_watch_sends_each_edit_to_the_copy_hosts(rig: RigCluster) -> None:
+    run = rig.background(
+        "prebuild",
+        "--cmd",
+        "ddp-bench",
+        "--watch",
+        "--cluster-file",
+        str(rig.root / "cluster.yaml"),
+    )
+    run.wait_for(lambda: 1 in cycle_states(run), 180)
+    assert cycle_states(run)[1] == "ok", run.stderr
+    edit(rig, 6)
+    run.wait_for(lambda: 2 in cycle_states(run), 180)
+    assert cycle_states(run)[2] == "ok", run.stderr
+    for host in COPY_HOSTS:
+        final = private_dir(rig, host) / binary(host)
+        assert sha(final) == sha(rig.project / binary(host))
+    view = private_dir(rig, "cp-a")
+    lib = view / "libtorch" / ARCHS["cp-a"] / "lib"
+    shown = on_host(rig, "cp-a", f"LD_LIBRARY_PATH={lib} {view / binary('cp-a')}")
+    out, _ = shown.communicate(timeout=30)
+    assert "edition=6" in out
+    assert run.stop() in (0, 130, -signal.SIGINT), run.stderr
