@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import attrs
@@ -139,6 +139,8 @@ def deliver(
         with ThreadPoolExecutor(window) as pool:
             jobs = [pool.submit(_send, fleet, t, s, settings, report, stop) for t, s in todo]
             try:
+                while not all(job.done() for job in jobs):  # a bare result() defers Ctrl-C
+                    wait(jobs, timeout=0.1)
                 for (target, _), job in zip(todo, jobs, strict=True):
                     problem = job.result()
                     if problem:

@@ -368,3 +368,18 @@ def test_watch_sends_each_edit_to_the_copy_hosts(rig: RigCluster) -> None:
     out, _ = shown.communicate(timeout=30)
     assert "edition=6" in out
     assert run.stop() in (0, 130, -signal.SIGINT), run.stderr
+
+
+def test_ctrl_c_mid_upload_removes_the_temporary_file(rig: RigCluster) -> None:
+    before = sha(private_dir(rig, "cp-a") / binary("cp-a"))
+    edit(rig, 7)
+    run = rig.background(
+        "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(rig.root / "cluster.yaml")
+    )
+    freeze_mid_upload(run, rig, "cp-a", set(parts(rig, "cp-a")))
+    run.process.send_signal(signal.SIGINT)
+    run.process.send_signal(signal.SIGCONT)
+    assert run.finish(timeout=60) != 0
+    assert "Traceback" not in run.stderr, run.stderr
+    assert not parts(rig, "cp-a") and not parts(rig, "cp-b")
+    assert sha(private_dir(rig, "cp-a") / binary("cp-a")) == before, run.stderr
