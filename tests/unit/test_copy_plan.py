@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from fdl_tasks.copy_plan import (
 )
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
+from fdl_tasks.variant_plan import changed, listing_script, parse_listing
 
 
 def cluster(**top: object) -> dict[str, object]:
@@ -115,3 +117,23 @@ def test_query_script_in_a_real_shell(tmp_path: Path) -> None:
 
 def test_no_markers_no_state() -> None:
     assert parse_state("a banner\n") is None
+
+
+def test_variant_listing_and_what_changed(tmp_path: Path) -> None:
+    """The listing from a real ``find``; a file moves when missing, resized or retimed."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib/libtorch.so").write_bytes(b"12345")
+    os.utime(tmp_path / "lib/libtorch.so", (1_700_000_000, 1_700_000_000.7))
+    out = subprocess.run(
+        ["sh", "-c", listing_script(str(tmp_path))], capture_output=True, text=True
+    )
+    remote = parse_listing(out.stdout)
+    assert remote == {"lib/libtorch.so": (5, 1_700_000_000)}
+    local = {"lib/libtorch.so": (5, 1_700_000_000), "lib/libc10.so": (3, 1)}
+    assert changed(local, remote) == ["lib/libc10.so"]
+    assert changed({"lib/libtorch.so": (6, 1_700_000_000)}, remote) == ["lib/libtorch.so"]
+    assert changed({"lib/libtorch.so": (5, 1_700_000_001)}, remote) == ["lib/libtorch.so"]
+    missing = subprocess.run(
+        ["sh", "-c", listing_script(str(tmp_path / "none"))], capture_output=True, text=True
+    )
+    assert parse_listing(missing.stdout) == {}
