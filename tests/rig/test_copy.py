@@ -383,3 +383,14 @@ def test_ctrl_c_mid_upload_removes_the_temporary_file(rig: RigCluster) -> None:
     assert "Traceback" not in run.stderr, run.stderr
     assert not parts(rig, "cp-a") and not parts(rig, "cp-b")
     assert sha(private_dir(rig, "cp-a") / binary("cp-a")) == before, run.stderr
+
+
+def test_build_host_copies_to_its_copy_host(rig: RigCluster) -> None:
+    edit(rig, 8)
+    done = rig.inv(
+        "build-host", "--host", "cp-a", "-c", "ddp-bench", "-f", str(rig.root / "cluster.yaml")
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("copy: cp-a: sent") == 1 and "copy: cp-b" not in done.stderr
+    final = private_dir(rig, "cp-a") / binary("cp-a")
+    assert sha(final) == sha(rig.project / binary("cp-a"))
