@@ -26,7 +26,6 @@ from fdl_tasks.copy_plan import (
     copy_hosts,
     decide,
     megabytes,
-    no_space,
     parse_state,
     query_script,
     target_for,
@@ -172,6 +171,7 @@ def _send(
     for attempt in (1, 2):
         try:
             _upload(fleet, target, settings.probe_timeout, stop, stale)
+            break
         except _Interrupted:
             return f"{target.host}: stopped"
         except _Dropped as exc:
@@ -189,22 +189,20 @@ def _send(
                 )
         except OSError as exc:
             return _write_error(target, state, exc)
-        else:
-            seconds = time.monotonic() - started
-            report(f"copy: {target.host}: sent {megabytes(target.size)} in {seconds:.1f} s")
-            return None
-    raise AssertionError("unreachable")  # pragma: no cover
+    seconds = time.monotonic() - started
+    report(f"copy: {target.host}: sent {megabytes(target.size)} in {seconds:.1f} s")
+    return None
 
 
 def _write_error(target: Target, state: HostState, exc: OSError) -> str:
-    """Permission and space problems said as such; any other with the bytes it needed."""
+    """A permission problem said as such; any other (SFTP reports a full disk met
+    mid-write as a bare "Failure") with the bytes needed and the space there was."""
     if isinstance(exc, PermissionError):
         return f"{target.host}: {target.directory} is not writable by the ssh user: {exc}"
-    if state.free_bytes is not None and state.free_bytes < 2 * target.size:
-        return no_space(target, state.free_bytes) + f" when the upload started ({exc})"
+    free = "" if state.free_bytes is None else f", {megabytes(state.free_bytes)} free before"
     return (
         f"{target.host}: writing {target.final} failed ({exc}); the binary needs "
-        f"{target.size} bytes ({megabytes(target.size)})"
+        f"{target.size} bytes ({megabytes(target.size)}){free}"
     )
 
 
