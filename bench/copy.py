@@ -53,6 +53,11 @@ def clean(count: int) -> None:
             dest(i, method).parent.mkdir(parents=True)
 
 
+def clean_fdl(count: int) -> None:
+    for i in range(count):
+        dest(i, "fdl").unlink(missing_ok=True)
+
+
 def run_fdl(fleet: FleetRig, source: Path, sha: str, count: int, window: int) -> dict[str, float]:
     workers = [
         Worker(
@@ -128,7 +133,8 @@ def check(count: int, sha: str) -> None:
             assert hashlib.sha256(dest(i, method).read_bytes()).hexdigest() == sha, (i, method)
 
 
-def measure(count: int, megabytes: int, window: int) -> dict[str, object]:
+def measure(count: int, megabytes: int, windows: Sequence[int]) -> dict[str, object]:
+    """One row: fdl at the first window (and again at each other), scp, rsync, side by side."""
     fleet = FleetRig(STATE / "fleet", port=2400, net="127.0.5")
     fleet.up(count)
     try:
@@ -139,8 +145,11 @@ def measure(count: int, megabytes: int, window: int) -> dict[str, object]:
         # warm-up: host keys learnt, page cache filled, outside the timings
         run_scp(fleet, source, 1)
         clean(count)
-        row: dict[str, object] = {"hosts": count, "mb": megabytes, "window": window}
-        row |= run_fdl(fleet, source, sha, count, window)
+        row: dict[str, object] = {"hosts": count, "mb": megabytes, "window": windows[0]}
+        row |= run_fdl(fleet, source, sha, count, windows[0])
+        for other in windows[1:]:
+            clean_fdl(count)
+            row[f"fdl_sftp_window_{other}"] = run_fdl(fleet, source, sha, count, other)["fdl_sftp"]
         row["scp_sequence"] = run_scp(fleet, source, count)
         row["rsync_parallel"] = run_rsync(fleet, source, count)
         check(count, sha)
@@ -154,10 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--hosts", type=int, nargs="+", default=[32])
     parser.add_argument("--mb", type=int, default=40)
-    parser.add_argument("--window", type=int, default=8)
+    parser.add_argument("--window", type=int, nargs="+", default=[8])
     args = parser.parse_args(argv)
     STATE.mkdir(parents=True, exist_ok=True)
     rows = [measure(n, args.mb, args.window) for n in args.hosts]
+    for row in rows:
+        print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})
     for row in rows:
         fdl = float(row["fdl_sftp"])  # type: ignore[arg-type]
         print(
