@@ -49,8 +49,8 @@ class ProbeRequest:
     @classmethod
     def for_host(cls, host: Worker | Controller, abi: bool) -> ProbeRequest:
         declared = host.data_path is not None
-        own = isinstance(host, Worker) and host.delivery == "copy" and host.arch
-        libtorch = f"{libtorch_dir(host.path, host.arch)}/lib" if own and host.arch else ""
+        own = host.arch if isinstance(host, Worker) and host.delivery == "copy" else None
+        libtorch = f"{libtorch_dir(host.path, own)}/lib" if own else ""
         return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, libtorch)
 
     def script(self) -> str:
