@@ -10,8 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import yaml
 
+import fdl_tasks.copy_plan  # noqa: F401 - registers the delivery mode's value check
 from fdl_tasks.converter import structure
 from fdl_tasks.dist import check_dist  # also registers controller.dist's value checks
 from fdl_tasks.errors import FdlError
@@ -41,6 +43,12 @@ def parse_cluster(data: object, source: str) -> Cluster:
             "contains ':' or ','); move the project or build with native cargo."
         )
     _check_cross(cluster, source)
+    cluster = attrs.evolve(  # each worker's delivery resolved: its own, else the cluster's
+        cluster,
+        workers=tuple(
+            attrs.evolve(w, delivery=w.delivery or cluster.delivery) for w in cluster.workers
+        ),
+    )
     dist = cluster.controller.dist
     problem = check_dist(dist) if dist else None
     if problem:

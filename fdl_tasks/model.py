@@ -56,6 +56,8 @@ ControllerFile = Annotated[str, "ControllerFile"]
 CargoFeature = Annotated[str, "CargoFeature"]
 #: A GPU vendor that a build environment serves (``controller.gpu_builds``).
 GpuVendorName = Annotated[str, "GpuVendorName"]
+#: How a host gets its binary: ``shared`` (it sees the project) or ``copy`` (uploaded to it).
+DeliveryMode = Annotated[str, "DeliveryMode"]
 
 #: How the controller runs builds (see :attr:`Controller.build_mode`).
 BuildMode = Literal["native", "docker", "compose"]
@@ -180,6 +182,7 @@ class Worker:
     gpu_ram_share: RamShare | None = None
     #: cargo features instead of those the arch's name implies (``[rocm]``, ``[]``).
     features: tuple[CargoFeature, ...] | None = None
+    delivery: DeliveryMode | None = None  # None: the cluster's ``delivery``
     # flodl's own keys: accepted and carried for the launcher, unused here.
     ranks: Any = None
     local_devices: Any = None
@@ -201,6 +204,7 @@ class Cluster:
     workers: tuple[Worker, ...] = ()
     env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)
     gpu_ram_share: RamShare | None = None
+    delivery: DeliveryMode = "shared"
 
     def worker(self, label: str) -> Worker:
         """The worker called ``label``; a clear error listing the known ones otherwise."""

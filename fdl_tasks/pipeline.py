@@ -23,6 +23,7 @@ from fdl_tasks.auto_arch import AUTO
 from fdl_tasks.backends import Backend, backend_for
 from fdl_tasks.builder import JobResult
 from fdl_tasks.builds import run_builds
+from fdl_tasks.copying import copy_step
 from fdl_tasks.delivery import Delivery, verify_delivery
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
@@ -213,10 +214,9 @@ def build_and_publish(
         # binaries that are now stale.
         envelope.withdraw(run.root, command)
         results = run_builds(run, backend, jobs)
-        delivery = None
-        if run.settings.verify:
-            built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
-            delivery = verify(run, fleet, envelopes, built)
+        built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
+        copy_step(run, fleet, envelopes, built)  # copy hosts: upload what is missing
+        delivery = verify(run, fleet, envelopes, built) if run.settings.verify else None
         merged = kept | envelopes
         text = envelope.publish(run.root, command, merged)
     run.report(f"{run.task}: envelope of {command} for {len(merged)} host(s) written to {path}")

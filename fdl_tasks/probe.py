@@ -18,6 +18,7 @@ import attrs
 from fdl_tasks.gpu_probe import GPU_FACT_LINES, gpu_report
 from fdl_tasks.gpus import GpuReport
 from fdl_tasks.model import DEFAULT_DATA_PATH, Controller, Worker
+from fdl_tasks.rules import libtorch_dir
 
 Status = Literal["ok", "warning", "error"]
 DataState = Literal["ok", "missing", "unreadable"]
@@ -45,11 +46,14 @@ class ProbeRequest:
     data_path: str
     data_declared: bool
     abi: bool
+    libtorch: str = ""  # a copy host's own variant, ``<path>/libtorch/<arch>/lib``
 
     @classmethod
     def for_host(cls, host: Worker | Controller, abi: bool) -> ProbeRequest:
         declared = host.data_path is not None
-        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi)
+        own = host.arch if isinstance(host, Worker) and host.delivery == "copy" else None
+        libtorch = f"{libtorch_dir(host.path, own)}/lib" if own else ""
+        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, libtorch)
 
     def script(self) -> str:
         """POSIX sh that always exits 0 and prints every fact between the markers."""
@@ -59,6 +63,9 @@ class ProbeRequest:
             f"if [ -d {path} ]; then if [ -r {path} ] && [ -x {path} ]; then echo data=ok; "
             "else echo data=unreadable; fi; else echo data=missing; fi",
         ]
+        if self.libtorch:
+            lib = shlex.quote(self.libtorch)
+            lines.append(f"if [ -d {lib} ]; then echo libtorch=ok; else echo libtorch=missing; fi")
         if self.abi:
             lines += [
                 *HOST_FACT_LINES,
@@ -78,6 +85,7 @@ class ProbeFacts:
     libc: str | None = None
     pkill: bool | None = None
     gpus: GpuReport | None = None
+    libtorch: bool | None = None
 
     @property
     def musl(self) -> bool:
@@ -119,13 +127,14 @@ def parse_facts(stdout: str) -> ProbeFacts | None:
     answers = marked_answers(stdout)
     if answers is None:
         return None
-    data, pkill = answers.get("data"), answers.get("pkill")
+    data, pkill, libtorch = answers.get("data"), answers.get("pkill"), answers.get("libtorch")
     return ProbeFacts(
         data=data if data in ("ok", "missing", "unreadable") else None,  # type: ignore[arg-type]
         cpu_arch=answers.get("cpu_arch") or None,
         libc=answers.get("libc") or None,
         pkill=None if pkill is None else pkill == "yes",
         gpus=gpu_report(answers),
+        libtorch=None if libtorch is None else libtorch == "ok",
     )
 
 
@@ -205,6 +214,11 @@ def judge(
         warnings.append(f"default data_path {path} is missing (fine without shared storage)")
     elif facts.data == "unreadable":
         errors.append(f"data_path {path} exists but is not readable by the login user")
+    if request.libtorch and facts is not None and facts.libtorch is False:
+        errors.append(
+            f"libtorch variant not found at {request.libtorch}: a copy host needs its own "
+            f"(inv push-libtorch --host {host} puts it there)"
+        )
     if request.abi and facts is not None:
         _abi_gate(facts, build, pinned, errors, warnings)
     status: Status = "error" if errors else "warning" if warnings else "ok"

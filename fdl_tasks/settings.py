@@ -108,6 +108,7 @@ class Settings:
     verify_retries: Count = 3
     verify_retry_delay: Seconds = 1.0
     require_verified: Switch = False
+    copy_window: Count = 8
     stale_warning_size: Size = "1G"
     watch_debounce: Seconds = 0.3
     watch_polling: Switch = False

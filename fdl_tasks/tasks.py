@@ -22,6 +22,7 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.launch import launch as launch_on_workers
 from fdl_tasks.run import Run
 from fdl_tasks.settings import namespace_defaults
+from fdl_tasks.variant_push import push_libtorch as push_libtorch_to
 
 HELP = {
     "cluster-file": "the cluster file to read (default: fdl.cluster_file, 'cluster.yaml')",
@@ -205,5 +206,31 @@ def clean(
     clean_target_tree(run, list_only=dry or run.dry, everything=all)
 
 
-ns = Collection(preflight, build_host, prebuild, launch, clean)
+@fdl_task(
+    help={
+        "cluster-file": HELP["cluster-file"],
+        "controller-host": HELP["controller-host"],
+        "host": "one copy host's label (default: every worker with delivery: copy)",
+    }
+)
+def push_libtorch(
+    c: Context,
+    host: str | None = None,
+    cluster_file: str | None = None,
+    controller_host: str | None = None,
+) -> None:
+    """Put each copy host's libtorch variant at <path>/libtorch/<arch>: changed files only."""
+    run = Run.start(
+        c, cluster_file=cluster_file, controller_host=controller_host, label="push-libtorch"
+    )
+    workers = [w for w in run.remotes if w.delivery == "copy"]
+    if host:
+        chosen = run.cluster.worker(host)
+        if chosen.delivery != "copy":
+            raise FdlError(f"{host} has delivery: shared: it sees the project's libtorch")
+        workers = [chosen]
+    push_libtorch_to(run, workers)
+
+
+ns = Collection(preflight, build_host, prebuild, launch, clean, push_libtorch)
 ns.configure({"fdl": namespace_defaults()})

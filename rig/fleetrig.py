@@ -40,6 +40,7 @@ DAEMON_OPTIONS = (
     "MaxSessions 64",
     "LoginGraceTime 120",
     "LogLevel ERROR",
+    "Subsystem sftp /usr/lib/openssh/sftp-server",  # copy delivery's uploads (bench.copy)
 )
 
 

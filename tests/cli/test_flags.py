@@ -15,7 +15,7 @@ from invoke.parser.argument import Argument
 from fdl_tasks import ns
 from rig.harness import run_inv
 
-TASKS = ("preflight", "build-host", "prebuild", "launch", "clean")
+TASKS = ("preflight", "build-host", "prebuild", "launch", "clean", "push-libtorch")
 
 
 def arguments(task: str) -> list[Argument]:
