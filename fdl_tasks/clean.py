@@ -21,7 +21,7 @@ from fdl_tasks.gpu_gate import expand_auto
 from fdl_tasks.layout import CLUSTER_TARGET, LOCK_FILE, OWN_ENTRIES, stale_dirs
 from fdl_tasks.plan import live_target_dirs
 from fdl_tasks.run import Run
-from fdl_tasks.settings import size_bytes
+from fdl_tasks.setting_values import size_bytes
 
 
 def tree_entries(tree: Path) -> list[str]:

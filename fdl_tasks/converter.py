@@ -17,8 +17,10 @@ import cattrs
 from cattrs.errors import ForbiddenExtraKeysError
 from cattrs.gen import make_dict_structure_fn
 
+from fdl_tasks.dist import DIST_CHECKS
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import ComposeService, DockerSettings
+from fdl_tasks.setting_values import SETTING_CHECKS
 from fdl_tasks.values import (
     CHECKS,
     InvalidValue,
@@ -58,10 +60,6 @@ def _is_tuple(kind: Any) -> bool:
     return get_origin(kind) is tuple
 
 
-#: Classes read like serde reads them without ``deny_unknown_fields`` (the envelope).
-IGNORE_EXTRA_KEYS: set[type] = set()
-
-
 def mapping_hook(
     converter: cattrs.Converter, cls: type, forbid_extra_keys: bool
 ) -> Callable[[object, Any], Any]:
@@ -79,10 +77,11 @@ def mapping_hook(
 
 
 def _make_converter() -> cattrs.Converter:
+    """The whole configuration, here and nowhere else: no module adds hooks on import."""
     converter = cattrs.Converter(forbid_extra_keys=True)
     converter.register_structure_hook(str, _with_check(check_text))
     converter.register_structure_hook(int, _with_check(check_int))
-    register_checks(converter, CHECKS)
+    register_checks(converter, {**CHECKS, **SETTING_CHECKS, **DIST_CHECKS})
 
     def tuple_hook(kind: Any) -> Callable[[object, Any], tuple[Any, ...]]:
         as_list = converter.get_structure_hook(list[get_args(kind)[0]])  # type: ignore[misc]
@@ -97,7 +96,8 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook_factory(_is_tuple, tuple_hook)
 
     def class_hook(cls: type) -> Callable[[object, Any], Any]:
-        return mapping_hook(converter, cls, forbid_extra_keys=cls not in IGNORE_EXTRA_KEYS)
+        lenient = bool(getattr(cls, "lenient", False))  # a class may ignore unknown keys
+        return mapping_hook(converter, cls, forbid_extra_keys=not lenient)
 
     converter.register_structure_hook_factory(attrs.has, class_hook)
     builder_settings = converter.get_structure_hook(DockerSettings)

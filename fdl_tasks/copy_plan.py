@@ -18,28 +18,13 @@ from typing import Literal
 
 import attrs
 
-from fdl_tasks.converter import CONVERTER, register_checks
 from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.model import Cluster, DeliveryMode, Worker
+from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.probe import BEGIN, END, marked_answers
 from fdl_tasks.rules import join_path
-from fdl_tasks.values import InvalidValue, quote
 
-MODES = ("shared", "copy")
 #: Marks a file being uploaded: ``.<bin>.fdl-part-<token>`` beside the final path.
 PART_INFIX = ".fdl-part-"
-
-
-def check_delivery_mode(value: object) -> DeliveryMode:
-    if value not in MODES:
-        raise InvalidValue(
-            f"must be 'shared' (the host sees the project) or 'copy' (the binary is "
-            f"uploaded to it), got {quote(value)}"
-        )
-    return str(value)
-
-
-register_checks(CONVERTER, {DeliveryMode: check_delivery_mode})
 
 
 def delivery_of(cluster: Cluster, worker: Worker) -> str:

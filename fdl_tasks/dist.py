@@ -24,11 +24,11 @@ import ipaddress
 import re
 import struct
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
-from fdl_tasks.converter import CONVERTER, register_checks
 from fdl_tasks.model import ControllerFile, DistSettings, SchedulerUrl
 from fdl_tasks.values import InvalidValue, check_text, quote
 
@@ -81,9 +81,11 @@ def check_controller_file(value: object) -> ControllerFile:
     return text
 
 
-register_checks(
-    CONVERTER, {SchedulerUrl: check_scheduler_url, ControllerFile: check_controller_file}
-)
+#: The check of each kind of ``controller.dist`` value, for the converter.
+DIST_CHECKS: dict[Any, Callable[[object], object]] = {
+    SchedulerUrl: check_scheduler_url,
+    ControllerFile: check_controller_file,
+}
 
 
 def check_dist(dist: DistSettings) -> str | None:

@@ -18,33 +18,20 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import ClassVar
 
 import attrs
-from cattrs.gen import make_dict_unstructure_fn, override
 
-from fdl_tasks.converter import CONVERTER, IGNORE_EXTRA_KEYS, register_checks, structure
+from fdl_tasks.converter import structure
 from fdl_tasks.errors import FdlError
 from fdl_tasks.files import write_atomically
 from fdl_tasks.gpus import runtime_library_path, vendor_of
 from fdl_tasks.layout import envelope_file, host_binary
-from fdl_tasks.model import Worker
+from fdl_tasks.model import WireText, Worker
 from fdl_tasks.rules import libtorch_dir, require_arch
-from fdl_tasks.values import InvalidValue, kind_of
 
 #: Carries the envelope map from prebuild to the launcher.
 ENV_PREBUILD_PER_HOST = "FLODL_INTERNAL_PREBUILD_PER_HOST"
-#: Any JSON string, as serde reads a Rust ``String``.
-WireText = Annotated[str, "WireText"]
-
-
-def check_wire_text(value: object) -> WireText:
-    if not isinstance(value, str):
-        raise InvalidValue(f"expected a string, got {kind_of(value)}")
-    return value
-
-
-register_checks(CONVERTER, {WireText: check_wire_text})
 
 
 @attrs.frozen
@@ -54,6 +41,8 @@ class PerHostEnvelope:
     bin: WireText
     ld_library_path: WireText
     cwd_subpath: WireText = ""
+    #: Unknown keys are ignored, as serde reads it without ``deny_unknown_fields``.
+    lenient: ClassVar[bool] = True
 
     @classmethod
     def for_worker(
@@ -73,20 +62,15 @@ class PerHostEnvelope:
         )
 
 
-# serde's ``skip_serializing_if = "String::is_empty"`` on the way out; on the way
-# in, unknown fields are ignored as serde does (no ``deny_unknown_fields``).
-CONVERTER.register_unstructure_hook(
-    PerHostEnvelope,
-    make_dict_unstructure_fn(
-        PerHostEnvelope, CONVERTER, cwd_subpath=override(omit_if_default=True)
-    ),
-)
-IGNORE_EXTRA_KEYS.add(PerHostEnvelope)
+def _wire(envelope: PerHostEnvelope) -> dict[str, str]:
+    """serde's ``skip_serializing_if = "String::is_empty"`` on ``cwd_subpath``."""
+    fields = attrs.asdict(envelope)
+    return {k: v for k, v in fields.items() if v or k != "cwd_subpath"}
 
 
 def encode(envelopes: Mapping[str, PerHostEnvelope]) -> str:
     """The wire text; ``ensure_ascii=False`` because serde_json writes UTF-8 as is."""
-    ordered = {host: CONVERTER.unstructure(envelopes[host]) for host in sorted(envelopes)}
+    ordered = {host: _wire(envelopes[host]) for host in sorted(envelopes)}
     return json.dumps(ordered, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -13,9 +13,8 @@ from typing import Any
 import attrs
 import yaml
 
-import fdl_tasks.copy_plan  # noqa: F401 - registers the delivery mode's value check
 from fdl_tasks.converter import structure
-from fdl_tasks.dist import check_dist  # also registers controller.dist's value checks
+from fdl_tasks.dist import check_dist
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
 from fdl_tasks.rules import GNU_TARGETS

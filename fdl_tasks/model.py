@@ -58,6 +58,8 @@ CargoFeature = Annotated[str, "CargoFeature"]
 GpuVendorName = Annotated[str, "GpuVendorName"]
 #: How a host gets its binary: ``shared`` (it sees the project) or ``copy`` (uploaded to it).
 DeliveryMode = Annotated[str, "DeliveryMode"]
+#: Any JSON string, as serde reads a Rust ``String`` (the envelope's fields).
+WireText = Annotated[str, "WireText"]
 
 #: How the controller runs builds (see :attr:`Controller.build_mode`).
 BuildMode = Literal["native", "docker", "compose"]

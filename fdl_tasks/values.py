@@ -1,12 +1,8 @@
 """Single-value rules for cluster.yaml: each kind of :mod:`fdl_tasks.model` has a check.
 
 Pure functions, no I/O. A check returns the value (possibly normalised) or
-raises :class:`InvalidValue` with a message that quotes the value cut short,
-so that one bad 10 kB value still makes a one-line message.
-
-This module is longer than the others on purpose: it holds every rule of
-what cluster.yaml accepts (about twenty kinds of value), so that they can be
-read, and changed, in one place.
+raises :class:`InvalidValue` quoting the value cut short (a bad 10 kB value
+still makes one line). Every rule of what cluster.yaml accepts is here.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from fdl_tasks.model import (
     CargoFeature,
     CpuArch,
     CudaRelease,
+    DeliveryMode,
     EnvName,
     EnvValue,
     GpuVendorName,
@@ -35,6 +32,7 @@ from fdl_tasks.model import (
     RustTarget,
     ServiceName,
     SshOption,
+    WireText,
 )
 from fdl_tasks.rules import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, Cuda, split_ssh_option
 
@@ -47,15 +45,8 @@ _SERVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _FEATURE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_][A-Za-z0-9_+-]*)?")
 #: Variables flodl's launcher sets per rank; fdl-cli refuses them in a cluster's ``env``.
 LAUNCHER_OWNED = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "GPU_DEVICE_ORDINAL",
-        "FLODL_HOST_NAME",
-        "FDL_ENV",
-    }
+    {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
+    | {"GPU_DEVICE_ORDINAL", "FLODL_HOST_NAME", "FDL_ENV"}
 )
 LAUNCHER_OWNED_PREFIX = "FLODL_INTERNAL_"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -77,10 +68,14 @@ def quote(value: object) -> str:
     return cut(repr(value))
 
 
-def check_text(value: object) -> str:
+def check_wire_text(value: object) -> WireText:
     if not isinstance(value, str):
         raise InvalidValue(f"expected a string, got {kind_of(value)}")
-    if _CONTROL.search(value):
+    return value
+
+
+def check_text(value: object) -> str:
+    if _CONTROL.search(value := check_wire_text(value)):
         raise InvalidValue(f"{quote(value)} contains a control character")
     return value
 
@@ -88,14 +83,8 @@ def check_text(value: object) -> str:
 def kind_of(value: object) -> str:
     if value is None:
         return "nothing (null)"
-    names = {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a mapping",
-    }
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names |= {list: "a list", dict: "a mapping"}
     return f"{names.get(type(value), type(value).__name__)} ({quote(value)})"
 
 
@@ -271,6 +260,15 @@ def check_gpu_vendor(value: object) -> GpuVendorName:
     return text
 
 
+def check_delivery_mode(value: object) -> DeliveryMode:
+    if value not in ("shared", "copy"):
+        raise InvalidValue(
+            f"must be 'shared' (the host sees the project) or 'copy' (the binary is "
+            f"uploaded to it), got {quote(value)}"
+        )
+    return str(value)
+
+
 def check_int(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidValue(f"expected an integer, got {kind_of(value)}")
@@ -297,4 +295,6 @@ CHECKS: dict[Any, Callable[[object], object]] = {
     Program: check_program,
     CargoFeature: check_feature,
     GpuVendorName: check_gpu_vendor,
+    DeliveryMode: check_delivery_mode,
+    WireText: check_wire_text,
 }
