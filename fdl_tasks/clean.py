@@ -9,7 +9,6 @@ symbolic link, and never while a prebuild holds the project lock.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from fdl_tasks.console import format_table
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpu_gate import expand_auto
 from fdl_tasks.layout import CLUSTER_TARGET, LOCK_FILE, OWN_ENTRIES, stale_dirs
+from fdl_tasks.locks import FileLock
 from fdl_tasks.plan import live_target_dirs
 from fdl_tasks.run import Run
 from fdl_tasks.setting_values import size_bytes
@@ -64,19 +64,16 @@ def stale_paths(run: Run) -> list[str]:
 @contextlib.contextmanager
 def no_prebuild_running(lock_path: Path) -> Iterator[None]:
     """Hold the project lock for the clean; refuse at once if a prebuild holds it."""
-    if not lock_path.exists():
+    lock = FileLock.existing(lock_path)
+    if lock is None:
         yield
         return
-    with lock_path.open("a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
+    with lock:
+        if not lock.take():
             raise FdlError(
-                f"a prebuild is running on this project ({holder}): clean refuses to remove "
-                "target dirs under it; try again when it has finished"
-            ) from None
+                f"a prebuild is running on this project ({lock.holder()}): clean refuses to "
+                "remove target dirs under it; try again when it has finished"
+            )
         yield
 
 

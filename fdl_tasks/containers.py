@@ -24,11 +24,6 @@ from fdl_tasks.errors import FdlError
 COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
 COMPOSE_NETWORK_LABEL = "com.docker.compose.network"
 
-#: The configuration :func:`compose_images` just read, per (compose, root, variables):
-#: :func:`create_compose_networks` right after it takes it (once) instead of running
-#: ``compose config`` again.
-_just_read: dict[tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
-
 
 def _docker_client() -> Any:
     import docker as docker_sdk
@@ -82,35 +77,40 @@ def find_compose() -> tuple[str, ...]:
     )
 
 
-def compose_images(
+def compose_configs(
     compose_argv: Sequence[str],
     service: str,
     root: str,
     environments: Iterable[dict[str, str]],
-) -> set[str]:
-    """The images the service resolves to under each build's variables; the service must exist.
-
-    ``docker compose config`` interpolates the file exactly as ``run`` will.
-    """
-    images = set()
-    for environment in {tuple(sorted(e.items())) for e in environments}:
+) -> list[dict[str, Any]]:
+    """The configuration under each distinct set of variables, in order; the service must
+    exist in each. ``docker compose config`` interpolates the file exactly as ``run`` will."""
+    configs = []
+    for environment in dict.fromkeys(tuple(sorted(e.items())) for e in environments):
         answer = _compose(compose_argv, ["config"], root, dict(environment), "config failed")
         config = yaml.safe_load(answer) or {}
-        _just_read[(tuple(compose_argv), root, environment)] = config
         services = config.get("services") or {}
         if service not in services:
             raise FdlError(
                 f"cluster.yaml names the compose service {service!r}, but the "
                 f"compose file in {root} defines only: {', '.join(sorted(services)) or 'none'}"
             )
-        image = services[service].get("image")
-        if image:
-            images.add(str(image))
-    return images
+        configs.append(config)
+    return configs
+
+
+def service_images(configs: Iterable[Mapping[str, Any]], service: str) -> set[str]:
+    """The images ``service`` resolves to across ``configs``."""
+    images = (config["services"][service].get("image") for config in configs)
+    return {str(image) for image in images if image}
 
 
 def create_compose_networks(
-    compose_argv: Sequence[str], service: str, root: str, environment: dict[str, str]
+    compose_argv: Sequence[str],
+    service: str,
+    root: str,
+    environment: dict[str, str],
+    config: Mapping[str, Any],
 ) -> None:
     """Let compose create the project's networks once, before builds run in parallel.
 
@@ -120,11 +120,6 @@ def create_compose_networks(
     the service's networks does not exist yet, looked up by compose's own
     labels; an existing network is never created again, so nothing can race.
     """
-    key = (tuple(compose_argv), root, tuple(sorted(environment.items())))
-    config = _just_read.pop(key, None)
-    if config is None:
-        answer = _compose(compose_argv, ["config"], root, environment, "config failed")
-        config = yaml.safe_load(answer) or {}
     project = compose_project_name(config, root, environment)
     if not _missing_networks(project, service_networks(config, service)):
         return

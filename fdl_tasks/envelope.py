@@ -110,6 +110,15 @@ def withdraw(root: Path, command: str) -> None:
     published_path(root, command).unlink(missing_ok=True)
 
 
+def hand_over(text: str | None) -> None:
+    """The envelope this process just published, for a launch in the same process; ``None``
+    when none is valid. The one place the process environment is written."""
+    if text is None:
+        os.environ.pop(ENV_PREBUILD_PER_HOST, None)
+    else:
+        os.environ[ENV_PREBUILD_PER_HOST] = text
+
+
 def read_published(root: Path, command: str) -> tuple[dict[str, PerHostEnvelope], str]:
     """``command``'s envelope and where it came from: ``$FLODL_INTERNAL_PREBUILD_PER_HOST``
     when it holds this command's (a prebuild in this process set it), else the file."""

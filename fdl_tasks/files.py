@@ -1,13 +1,12 @@
-"""Files on the shared mount: atomic replacement, log tails, the project lock."""
+"""Files on the shared mount: atomic replacement, log tails."""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from fdl_tasks.errors import FdlError
@@ -61,30 +60,3 @@ def log_tail(path: Path, lines: int = 25) -> str:
     except OSError:
         return ""
     return "\n".join(text[-lines:])
-
-
-@contextlib.contextmanager
-def project_lock(path: Path, report: Callable[[str], None]) -> Iterator[None]:
-    """One prebuild per project tree at a time; a second one waits its turn, saying so."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = path.open("a+")
-    except OSError as exc:
-        raise FdlError(f"the target tree is not writable: cannot create {path} ({exc})") from None
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            report(
-                f"prebuild: waiting for the prebuild already running on this project "
-                f"({holder}) to finish"
-            )
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        with contextlib.suppress(OSError):  # who holds it is a courtesy: a full disk may refuse it
-            lock.seek(0)
-            lock.truncate()
-            lock.write(f"pid {os.getpid()}\n")
-            lock.flush()
-        yield

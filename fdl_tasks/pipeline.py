@@ -27,9 +27,10 @@ from fdl_tasks.copying import copy_step
 from fdl_tasks.delivery import Delivery, verify_delivery
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.files import project_lock, remove_partials
+from fdl_tasks.files import remove_partials
 from fdl_tasks.gpu_gate import with_chosen_archs
 from fdl_tasks.layout import LOCK_FILE
+from fdl_tasks.locks import project_lock
 from fdl_tasks.model import Worker
 from fdl_tasks.plan import BuildJob, plan_builds
 from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight

@@ -30,11 +30,21 @@ from fdl_tasks.settings import Settings
 from fdl_tasks.sshconfig import host_key_options, read_config, ssh_config_block
 
 
+class _NoHandshakeTracebacks(logging.Filter):
+    """Drops paramiko's transport warnings and errors: a failed handshake's traceback,
+    which the Fleet reports as one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.WARNING
+
+
 def quiet_paramiko() -> None:
-    """Paramiko logs tracebacks for every failed handshake; we report one line instead."""
-    logger = logging.getLogger("paramiko")
-    logger.addHandler(logging.NullHandler())
-    logger.propagate = False
+    """Installs the filter on ``paramiko.transport`` once per process (a second call finds
+    it there); the host application's ``paramiko`` logger, handlers and propagation are
+    left as they are."""
+    logger = logging.getLogger("paramiko.transport")
+    if not any(isinstance(f, _NoHandshakeTracebacks) for f in logger.filters):
+        logger.addFilter(_NoHandshakeTracebacks())
 
 
 class FleetRemote(Remote):  # type: ignore[misc]

@@ -7,7 +7,6 @@ Progress and diagnostics go to stderr; stdout carries only what ``--json``
 
 from __future__ import annotations
 
-import os
 import sys
 
 from invoke.collection import Collection
@@ -17,7 +16,7 @@ import fdl_tasks.pipeline as pipeline
 from fdl_tasks.binaries import check_binary
 from fdl_tasks.clean import clean_target_tree, stale_warning
 from fdl_tasks.cli import fdl_task, off, require_command
-from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, encode
+from fdl_tasks.envelope import encode, hand_over
 from fdl_tasks.errors import FdlError
 from fdl_tasks.launch import launch as launch_on_workers
 from fdl_tasks.run import Run
@@ -88,7 +87,7 @@ def build_host(
     published = pipeline.build_one(run, worker, command, crate)
     if published is None:
         return
-    os.environ[ENV_PREBUILD_PER_HOST] = published.text
+    hand_over(published.text)
     entry = encode({host: published.entries[host]})
     run.report(f"build-host: envelope entry {entry}")
     if json:
@@ -148,11 +147,11 @@ def prebuild(
 
         watch_and_rebuild(run, command, crate, as_json=json)
         return
-    os.environ.pop(ENV_PREBUILD_PER_HOST, None)
+    hand_over(None)
     published = pipeline.prebuild(run, command, crate)
     if published is None:
         return
-    os.environ[ENV_PREBUILD_PER_HOST] = published.text
+    hand_over(published.text)
     stale_warning(run)
     if json:
         print(published.text)

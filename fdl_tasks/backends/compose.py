@@ -21,8 +21,9 @@ from fdl_tasks.commands import (
 )
 from fdl_tasks.containers import (
     check_docker,
-    compose_images,
+    compose_configs,
     create_compose_networks,
+    service_images,
     user_ids,
 )
 from fdl_tasks.model import Arch, ComposeService, Controller
@@ -108,11 +109,11 @@ class ComposeBackend(ContainerBackend):
             environment = compose_environment(root, job.spec.arch, self.ids)
             services.setdefault(job.spec.service or self.compose.service, []).append(environment)
         for service, environments in services.items():
+            configs = compose_configs(self.compose_argv, service, root, environments)
             check_docker(
-                compose_images(self.compose_argv, service, root, environments),
-                f"the images of compose service {service!r}",
+                service_images(configs, service), f"the images of compose service {service!r}"
             )
-            create_compose_networks(self.compose_argv, service, root, environments[0])
+            create_compose_networks(self.compose_argv, service, root, environments[0], configs[0])
 
     def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
         return compose_command(

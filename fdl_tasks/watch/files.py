@@ -10,7 +10,6 @@ when a cycle started, comparable with the sources' mtimes.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import socket
@@ -18,13 +17,14 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import attrs
 
 from fdl_tasks.errors import FdlError
 from fdl_tasks.files import write_atomically
 from fdl_tasks.layout import WATCH_DIR
+from fdl_tasks.locks import FileLock, create_lock
 from fdl_tasks.run import Report
 from fdl_tasks.watch.scope import Scope
 
@@ -120,48 +120,39 @@ def touch_stamp(files: WatchFiles) -> float | None:
         return None
 
 
-def hold_lock(files: WatchFiles) -> IO[str]:
+def hold_lock(files: WatchFiles) -> FileLock:
     """The watcher's lock, held for its lifetime: launch tells a live watcher by it."""
-    try:
-        files.directory.mkdir(parents=True, exist_ok=True)
-        lock = files.lock.open("a+")
-    except OSError as exc:
-        raise FdlError(
-            f"the target tree is not writable: cannot create {files.lock} ({exc})"
-        ) from None
+    lock = create_lock(files.lock)
     deadline = time.monotonic() + 2.0  # a launch may hold it shared for an instant
     while True:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return lock
-        except BlockingIOError:
-            if time.monotonic() < deadline:
-                time.sleep(0.05)
-                continue
-            lock.close()
-            holder = read_state(files.state) or {}
-            raise FdlError(
-                f"a prebuild watcher for {files.command} already runs on this project "
-                f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}); stop it first"
-            ) from None
+            if lock.take():
+                return lock
         except OSError:
             return lock  # no locks on this file system: launch falls back to the pid
+        if time.monotonic() < deadline:
+            time.sleep(0.05)
+            continue
+        lock.close()
+        holder = read_state(files.state) or {}
+        raise FdlError(
+            f"a prebuild watcher for {files.command} already runs on this project "
+            f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}); stop it first"
+        )
 
 
 def watcher_alive(files: WatchFiles, state: Mapping[str, Any]) -> bool:
     """The watcher holds its lock while it lives (the pid where locks do not work)."""
-    try:
-        lock = files.lock.open("r")
-    except OSError:
+    lock = FileLock.existing(files.lock)
+    if lock is None:
         return _pid_alive(state)
     with lock:
         try:
-            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
+            if not lock.take(shared=True):
+                return True
         except OSError:
             return _pid_alive(state)
-        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.release()
         return False
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import attrs
 
 from fdl_tasks import pipeline
-from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, published_path
+from fdl_tasks.envelope import hand_over, published_path
 from fdl_tasks.errors import FdlError, Stopped
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.loader import load_cluster
@@ -121,7 +121,7 @@ class Session:
             run = self.run if first else self.quiet_run(lines)
             published = pipeline.prebuild(run, self.command, self.crate, probe=self.probe)
         except FdlError as exc:
-            os.environ.pop(ENV_PREBUILD_PER_HOST, None)
+            hand_over(None)
             self.last_ok, self.probe = False, True
             for line in [*(line for line in lines if not passes_through(line)), str(exc)]:
                 for part in line.splitlines():
@@ -131,7 +131,7 @@ class Session:
         probed, self.last_ok, self.probe = self.probe and not first, True, False
         if published is None:  # --dry
             return
-        os.environ[ENV_PREBUILD_PER_HOST] = published.text
+        hand_over(published.text)
         results = published.results
         self.target_dirs = target_dirs(results)
         rebuilt = build_labels([r.job.spec for r in results if r.rebuilt])
