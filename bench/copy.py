@@ -26,6 +26,7 @@ from fdl_tasks.copy_plan import Target
 from fdl_tasks.copying import deliver
 from fdl_tasks.model import SshSettings, Worker
 from fdl_tasks.remote import Fleet
+from fdl_tasks.reporting import collect
 from fdl_tasks.settings import Settings
 from rig.fleetrig import FleetRig
 
@@ -92,7 +93,7 @@ def run_fdl(fleet: FleetRig, source: Path, sha: str, count: int, window: int) ->
         )
         for i, w in enumerate(workers)
     ]
-    with Fleet(workers, settings, lambda _: None) as connections:
+    with Fleet(workers, settings, collect([])) as connections:
         assert not connections.open([w.host for w in workers])
         started = time.monotonic()
         first = deliver(connections, targets, settings, lambda _: None)

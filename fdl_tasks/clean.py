@@ -115,7 +115,7 @@ def stale_warning(run: Run) -> None:
         return
     size = sum(disk_usage(tree / entry) for entry in stale)
     if size > size_bytes(run.settings.stale_warning_size):
-        run.report(
-            f"{run.task}: {human(size)} in {len(stale)} target dir(s) no host uses any more; "
+        run.say(
+            f"{human(size)} in {len(stale)} target dir(s) no host uses any more; "
             "inv clean removes them (inv clean --dry lists them)"
         )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from invoke.context import Context
@@ -79,11 +78,6 @@ def off(flag: bool) -> bool | None:
     return False if flag else None
 
 
-def _cluster_file_name(c: Context, option: str | None) -> str:
-    configured = option or c.config.get("fdl", {}).get("cluster_file") or "cluster.yaml"
-    return Path(str(configured)).name
-
-
 def user_errors(body: F) -> F:
     """Turn :class:`FdlError` into a clean message and exit 1, a stop into exit 130, and
     either into exit 3 when it left a container or process it could not remove."""
@@ -95,8 +89,7 @@ def user_errors(body: F) -> F:
         except (LeftRunning, StoppedLeftRunning) as exc:
             raise Exit(f"fdl: {exc}", code=3) from None
         except FdlError as exc:
-            name = _cluster_file_name(c, kwargs.get("cluster_file"))
-            raise Exit(f"fdl: {str(exc).replace('cluster.yaml', name)}", code=1) from None
+            raise Exit(f"fdl: {exc}", code=1) from None
         except Stopped as exc:
             raise Exit(f"fdl: {exc}", code=130) from None
         except KeyboardInterrupt:

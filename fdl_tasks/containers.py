@@ -31,7 +31,7 @@ def _docker_client() -> Any:
     return docker_sdk.from_env(version="auto", timeout=10)
 
 
-def check_docker(images: Iterable[str], configured: str) -> None:
+def check_docker(images: Iterable[str], configured: str, source: str) -> None:
     """Before any build: the daemon answers and every image exists locally."""
     import docker as docker_sdk
 
@@ -41,7 +41,7 @@ def check_docker(images: Iterable[str], configured: str) -> None:
     except docker_sdk.errors.DockerException as exc:
         raise FdlError(
             f"the Docker daemon does not answer ({exc}); start it, or remove "
-            "controller.docker from cluster.yaml to build with native cargo"
+            f"controller.docker from {source} to build with native cargo"
         ) from None
     missing = []
     try:
@@ -82,6 +82,7 @@ def compose_configs(
     service: str,
     root: str,
     environments: Iterable[dict[str, str]],
+    source: str,
 ) -> list[dict[str, Any]]:
     """The configuration under each distinct set of variables, in order; the service must
     exist in each. ``docker compose config`` interpolates the file exactly as ``run`` will."""
@@ -92,7 +93,7 @@ def compose_configs(
         services = config.get("services") or {}
         if service not in services:
             raise FdlError(
-                f"cluster.yaml names the compose service {service!r}, but the "
+                f"{source} names the compose service {service!r}, but the "
                 f"compose file in {root} defines only: {', '.join(sorted(services)) or 'none'}"
             )
         configs.append(config)

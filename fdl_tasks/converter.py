@@ -15,11 +15,11 @@ from typing import Any, TypeVar, get_args, get_origin
 import attrs
 import cattrs
 from cattrs.errors import ForbiddenExtraKeysError
-from cattrs.gen import make_dict_structure_fn
+from cattrs.gen import make_dict_structure_fn, override
 
 from fdl_tasks.dist import DIST_CHECKS
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import ComposeService, DockerSettings
+from fdl_tasks.model import NOT_IN_FILE, ComposeService, DockerSettings
 from fdl_tasks.setting_values import SETTING_CHECKS
 from fdl_tasks.values import (
     CHECKS,
@@ -64,8 +64,11 @@ def mapping_hook(
     converter: cattrs.Converter, cls: type, forbid_extra_keys: bool
 ) -> Callable[[object, Any], Any]:
     """Structure an attrs class from a mapping, and say so when it is something else."""
+    hidden: dict[str, Any] = {
+        f.name: override(omit=True) for f in attrs.fields(cls) if f.metadata.get(NOT_IN_FILE)
+    }
     structure_fields: Callable[[Any, Any], Any] = make_dict_structure_fn(
-        cls, converter, _cattrs_forbid_extra_keys=forbid_extra_keys
+        cls, converter, _cattrs_forbid_extra_keys=forbid_extra_keys, **hidden
     )
 
     def structure(value: object, _: Any) -> Any:
@@ -121,7 +124,7 @@ def _describe(exc: BaseException, kind: Any) -> str:
     if isinstance(exc, InvalidValue):
         return str(exc)
     if isinstance(exc, ForbiddenExtraKeysError):
-        known = ", ".join(a.name for a in attrs.fields(exc.cl))
+        known = ", ".join(a.name for a in attrs.fields(exc.cl) if not a.metadata.get(NOT_IN_FILE))
         names = sorted(map(str, exc.extra_fields))[:MAX_PROBLEMS]
         unknown = ", ".join(quote(k) if _CONTROL.search(k) else cut(k) for k in names)
         return f"unknown key(s) {unknown}; expected one of: {known}"

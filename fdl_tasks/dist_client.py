@@ -12,7 +12,6 @@ import shlex
 import stat
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -28,6 +27,7 @@ from fdl_tasks.dist import (
 )
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import DistSettings
+from fdl_tasks.reporting import Report, Severity
 from fdl_tasks.values import InvalidValue
 
 #: Where a container sees the dist client's wrapper and configuration (read-only).
@@ -73,9 +73,7 @@ class DistClient:
         )
 
 
-def connect_client(
-    client: DistClient, dist: DistSettings, report: Callable[[str], None]
-) -> DistClient | None:
+def connect_client(client: DistClient, dist: DistSettings, report: Report) -> DistClient | None:
     """Before any build: the token read (a clear error if it cannot be), the
     scheduler asked whether it answers and accepts the token (refused: an error),
     then the client files written; ``report`` gets the warnings and the line
@@ -90,21 +88,23 @@ def connect_client(
         report(
             f"warning: the sccache-dist scheduler at {dist.scheduler_url} does not answer "
             f"({status}): this run compiles locally (with the cache); start the scheduler, "
-            "or remove controller.dist"
+            "or remove controller.dist",
+            Severity.WARNING,
         )
         return None
     client = attrs.evolve(client, status=status)
     if status is not None and status.servers == 0:
         report(
             f"warning: the sccache-dist scheduler at {dist.scheduler_url} has no build "
-            "server yet: compiles stay local until one registers"
+            "server yet: compiles stay local until one registers",
+            Severity.WARNING,
         )
     _write_client_files(client, token)
     report(f"compile cache: {client.describe()}")
     return client
 
 
-def read_token(dist: DistSettings, report: Callable[[str], None]) -> tuple[str, str]:
+def read_token(dist: DistSettings, report: Report) -> tuple[str, str]:
     """The client token and where it came from (``controller.dist.token_file ~/x``).
 
     Every message names the source and never shows the token.
@@ -133,7 +133,8 @@ def read_token(dist: DistSettings, report: Callable[[str], None]) -> tuple[str, 
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             report(
                 f"warning: {source}: {path} is readable by other users "
-                f"(mode {stat.S_IMODE(mode):o}); chmod 600 {shlex.quote(str(path))}"
+                f"(mode {stat.S_IMODE(mode):o}); chmod 600 {shlex.quote(str(path))}",
+                Severity.WARNING,
             )
     try:
         return check_token(value, source), source

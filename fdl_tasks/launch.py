@@ -141,7 +141,7 @@ def launch(run: Run, command: str, args: Sequence[str]) -> None:
     problems = check_envelopes(envelopes, remotes, command, source)
     if problems:
         raise FdlError(
-            "the envelope does not match cluster.yaml (stale? run prebuild "
+            f"the envelope does not match {run.cluster.source} (stale? run prebuild "
             "again): " + "; ".join(problems)
         )
     if run.dry:

@@ -44,6 +44,7 @@ def parse_cluster(data: object, source: str) -> Cluster:
     _check_cross(cluster, source)
     cluster = attrs.evolve(  # each worker's delivery resolved: its own, else the cluster's
         cluster,
+        source=source,
         workers=tuple(
             attrs.evolve(w, delivery=w.delivery or cluster.delivery) for w in cluster.workers
         ),

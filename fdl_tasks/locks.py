@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
 from fdl_tasks.errors import FdlError
+from fdl_tasks.reporting import Report, Severity
 
 
 class FileLock:
@@ -91,13 +92,14 @@ def create_lock(path: Path) -> FileLock:
 
 
 @contextlib.contextmanager
-def project_lock(path: Path, report: Callable[[str], None]) -> Iterator[None]:
+def project_lock(path: Path, report: Report) -> Iterator[None]:
     """One prebuild per project tree at a time; a second one waits its turn, saying so."""
     with create_lock(path) as lock:
         if not lock.take():
             report(
                 f"prebuild: waiting for the prebuild already running on this project "
-                f"({lock.holder()}) to finish"
+                f"({lock.holder()}) to finish",
+                Severity.WAIT,
             )
             lock.take(wait=True)
         lock.claim()

@@ -66,6 +66,8 @@ BuildMode = Literal["native", "docker", "compose"]
 
 #: The data path flodl uses when a host declares none.
 DEFAULT_DATA_PATH = "/flodl/data"
+#: Marks a field the converter never reads from outside data (its metadata key).
+NOT_IN_FILE = "not_in_file"
 
 
 @attrs.frozen
@@ -207,6 +209,8 @@ class Cluster:
     env: Mapping[LaunchEnvName, EnvValue] = attrs.field(factory=dict)
     gpu_ram_share: RamShare | None = None
     delivery: DeliveryMode = "shared"
+    #: The file it was read from, for messages; set by the loader, never read from the file.
+    source: str = attrs.field(default="cluster.yaml", eq=False, metadata={NOT_IN_FILE: True})
 
     def worker(self, label: str) -> Worker:
         """The worker called ``label``; a clear error listing the known ones otherwise."""
@@ -214,4 +218,4 @@ class Cluster:
             if worker.host == label:
                 return worker
         known = ", ".join(w.host for w in self.workers) or "none"
-        raise FdlError(f"unknown host {label!r}: cluster.yaml declares {known}")
+        raise FdlError(f"unknown host {label!r}: {self.source} declares {known}")

@@ -36,6 +36,7 @@ from fdl_tasks.plan import BuildJob, plan_builds
 from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
 from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
+from fdl_tasks.reporting import Severity
 from fdl_tasks.rules import check_crate_dir, libtorch_dir
 from fdl_tasks.run import Run
 
@@ -67,8 +68,8 @@ def skip_final_collection() -> None:
 
 def report_preflight(run: Run, verdicts: Sequence[Verdict], as_json: bool) -> None:
     """One line per host and a summary; an error on any host stops everything."""
-    for line in report_lines(verdicts):
-        run.report(line)
+    for line, severity in report_lines(verdicts):
+        run.report(line, severity)
     if as_json:
         print(json.dumps([v.to_json() for v in verdicts], indent=2))
     failed = [v.host for v in verdicts if v.status == "error"]
@@ -160,7 +161,7 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
     auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
     probe = probe or auto
     jobs = [] if auto else plan(run, run.remotes, command, crate, pinned)
-    backend = backend_for(run.cluster.controller)
+    backend = backend_for(run.cluster)
     run.warn_unlisted_controller()
     if run.dry:
         for line in dry_run_lines(run, abi=True):
@@ -220,7 +221,7 @@ def build_and_publish(
         delivery = verify(run, fleet, envelopes, built) if run.settings.verify else None
         merged = kept | envelopes
         text = envelope.publish(run.root, command, merged)
-    run.report(f"{run.task}: envelope of {command} for {len(merged)} host(s) written to {path}")
+    run.say(f"envelope of {command} for {len(merged)} host(s) written to {path}")
     return Published(
         command=command,
         entries=merged,
@@ -243,7 +244,7 @@ def merge_base(run: Run, command: str, keep: set[str]) -> dict[str, PerHostEnvel
                 f"so nothing was built: fix or remove {path}, or rebuild every host "
                 f"with inv prebuild --cmd {command}"
             ) from None
-        run.report(f"{run.task}: the published envelope cannot be read, replacing it: {exc}")
+        run.say(f"the published envelope cannot be read, replacing it: {exc}", Severity.WARNING)
         return {}
     return {host: entry for host, entry in (published or {}).items() if host in keep}
 
@@ -290,7 +291,7 @@ def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published |
     cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}
     jobs = plan(run, [worker], command, crate, cpu_archs)
     jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
-    backend = backend_for(run.cluster.controller)
+    backend = backend_for(run.cluster)
     if run.dry:
         run_builds(run, backend, jobs)
         return None

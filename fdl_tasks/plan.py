@@ -115,7 +115,7 @@ def resolve_image(docker: DockerSettings, arch: Arch) -> str:
     if cuda is None:
         raise FdlError(
             f"image {docker.image!r} needs a CUDA version but arch {arch!r} encodes none: "
-            "set controller.docker.cuda_version in cluster.yaml (e.g. '12.8')"
+            "set controller.docker.cuda_version in the cluster file (e.g. '12.8')"
         )
     return docker.image.replace(CUDA_VERSION_FIELD, cuda.version).replace(CUDA_TAG_FIELD, cuda.tag)
 

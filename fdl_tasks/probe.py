@@ -18,6 +18,7 @@ import attrs
 from fdl_tasks.gpu_probe import GPU_FACT_LINES, gpu_report
 from fdl_tasks.gpus import GpuReport
 from fdl_tasks.model import DEFAULT_DATA_PATH, Controller, Worker
+from fdl_tasks.reporting import Severity
 from fdl_tasks.rules import libtorch_dir
 
 Status = Literal["ok", "warning", "error"]
@@ -269,9 +270,10 @@ def host_key_refused(host: str, request: ProbeRequest, reason: str) -> Verdict:
     return Verdict(host, "error", (reason,), (), None, request.data_path)
 
 
-def report_lines(verdicts: Iterable[Verdict]) -> list[str]:
-    """One line per problem, per host; then a summary line."""
-    lines: list[str] = []
+def report_lines(verdicts: Iterable[Verdict]) -> list[tuple[str, Severity]]:
+    """One line per problem, per host (a warning's at once, even in a quiet watch cycle);
+    then a summary line."""
+    lines: list[tuple[str, Severity]] = []
     counts: dict[Status, list[str]] = {"ok": [], "warning": [], "error": []}
     for verdict in verdicts:
         counts[verdict.status].append(verdict.host)
@@ -281,15 +283,16 @@ def report_lines(verdicts: Iterable[Verdict]) -> list[str]:
         ]
         notes = [f"note: {n}" for n in verdict.notes]
         if not problems:
-            lines.append(f"  ok       {where}")
+            lines.append((f"  ok       {where}", Severity.PROGRESS))
         for problem in problems + notes:
             label, text = problem.split(": ", 1)
-            lines.append(f"  {label:<8} {where}: {text}")
+            severity = Severity.WARNING if label == "warning" else Severity.PROGRESS
+            lines.append((f"  {label:<8} {where}: {text}", severity))
     summary = (
         f"preflight: {len(counts['ok'])} ok, {len(counts['warning'])} with warnings, "
         f"{len(counts['error'])} with errors"
     )
     if counts["error"]:
         summary += f" ({', '.join(counts['error'])})"
-    lines.append(summary)
+    lines.append((summary, Severity.WARNING if counts["warning"] else Severity.PROGRESS))
     return lines

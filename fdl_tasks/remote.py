@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -26,6 +26,7 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.hostkeys import KnownHostsView, SharedHostKeys, explain_refusal
 from fdl_tasks.model import Worker
 from fdl_tasks.outcomes import Failure, Outcome, Reply, describe_failure
+from fdl_tasks.reporting import Report, Severity
 from fdl_tasks.settings import Settings
 from fdl_tasks.sshconfig import host_key_options, read_config, ssh_config_block
 
@@ -94,9 +95,7 @@ class Fleet:
     per distinct ssh_config block; the loaded identity) is built once.
     """
 
-    def __init__(
-        self, workers: Iterable[Worker], settings: Settings, report: Callable[[str], None]
-    ) -> None:
+    def __init__(self, workers: Iterable[Worker], settings: Settings, report: Report) -> None:
         quiet_paramiko()
         self.settings = settings
         self.workers: dict[str, Worker] = {w.host: w for w in workers}
@@ -113,7 +112,7 @@ class Fleet:
             label: self._connect(w, report) for label, w in self.workers.items()
         }
         for warning in self._host_keys.warnings():
-            report(warning)
+            report(warning, Severity.WARNING)
 
     def _config(self, block: str) -> fabric.Config:
         if block not in self._configs:
@@ -135,12 +134,13 @@ class Fleet:
         pkey = self._identities[identity]
         return {} if pkey is None else {"pkey": pkey, "look_for_keys": False, "allow_agent": False}
 
-    def _connect(self, worker: Worker, report: Callable[[str], None]) -> fabric.Connection:
+    def _connect(self, worker: Worker, report: Report) -> fabric.Connection:
         block, ignored = ssh_config_block(worker)
         for key in ignored:
             report(
                 f"{worker.host}: ssh option {key} is not supported by Fabric/paramiko "
-                "and is ignored"
+                "and is ignored",
+                Severity.WARNING,
             )
         try:
             connection = fabric.Connection(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +12,9 @@ from invoke.context import Context
 
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import Cluster, Worker
+from fdl_tasks.reporting import Report, Severity, report_to_stderr
 from fdl_tasks.rules import HOST_NAME_ENV, controller_label, remote_workers
 from fdl_tasks.settings import Settings
-
-#: Where progress and diagnostics go: one line of text at a time.
-Report = Callable[[str], None]
-
-
-def report_to_stderr(message: str) -> None:
-    """Progress and diagnostics go to stderr; stdout is for what ``--json`` asks for."""
-    print(message, file=sys.stderr, flush=True)
 
 
 @attrs.frozen
@@ -57,12 +48,17 @@ class Run:
         controller and no host of the cluster file carries it, every worker is remote,
         the controller's own entry included, which is rarely what was meant."""
         if self.by_hostname and all(w.host != self.controller for w in self.cluster.workers):
-            self.report(
-                f"{self.task}: warning: this machine's hostname {self.controller!r} names no "
-                f"host of {self.settings.cluster_file}, so every worker is treated as remote; "
+            self.say(
+                f"warning: this machine's hostname {self.controller!r} names no "
+                f"host of {self.cluster.source}, so every worker is treated as remote; "
                 f"if one of them is this machine, name it with --controller-host, "
-                f"${HOST_NAME_ENV} or fdl.controller_host"
+                f"${HOST_NAME_ENV} or fdl.controller_host",
+                Severity.WARNING,
             )
+
+    def say(self, text: str, severity: Severity = Severity.PROGRESS) -> None:
+        """A line of the task itself: the one place its ``<task>:`` prefix is added."""
+        self.report(f"{self.task}: {text}", severity)
 
     @property
     def dry(self) -> bool:

@@ -17,7 +17,7 @@ from fdl_tasks.backends.docker_run import DockerRunBackend
 from fdl_tasks.backends.native import NativeBackend
 from fdl_tasks.cache import CompileCache
 from fdl_tasks.containers import find_compose
-from fdl_tasks.model import ComposeService, Controller, DockerSettings
+from fdl_tasks.model import Cluster, ComposeService, DockerSettings
 from fdl_tasks.plan import BuildJob
 
 
@@ -49,11 +49,12 @@ class Backend(Protocol):
         """How the user finds this run's builds outside the tool ('' if nothing to say)."""
 
 
-def backend_for(controller: Controller) -> Backend:
+def backend_for(cluster: Cluster) -> Backend:
     """The backend of ``controller.docker``: absent, an image, or a compose service."""
+    controller, source = cluster.controller, cluster.source
     docker = controller.docker
     if isinstance(docker, ComposeService):
-        return ComposeBackend(controller, docker, find_compose())
+        return ComposeBackend(controller, docker, find_compose(), source)
     if isinstance(docker, DockerSettings):
-        return DockerRunBackend(controller, docker)
-    return NativeBackend(controller)
+        return DockerRunBackend(controller, docker, source)
+    return NativeBackend(controller, source)

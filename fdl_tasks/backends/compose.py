@@ -94,9 +94,14 @@ class ComposeBackend(ContainerBackend):
     """``docker compose run`` of ``controller.docker``'s service (or a cross setup's)."""
 
     def __init__(
-        self, controller: Controller, compose: ComposeService, compose_argv: Sequence[str]
+        self,
+        controller: Controller,
+        compose: ComposeService,
+        compose_argv: Sequence[str],
+        source: str,
     ) -> None:
         self.controller, self.compose, self.compose_argv = controller, compose, compose_argv
+        self.source = source
         self.ids = user_ids()
         self.tool = f"{' '.join(compose_argv)} run"
 
@@ -109,10 +114,9 @@ class ComposeBackend(ContainerBackend):
             environment = compose_environment(root, job.spec.arch, self.ids)
             services.setdefault(job.spec.service or self.compose.service, []).append(environment)
         for service, environments in services.items():
-            configs = compose_configs(self.compose_argv, service, root, environments)
-            check_docker(
-                service_images(configs, service), f"the images of compose service {service!r}"
-            )
+            configs = compose_configs(self.compose_argv, service, root, environments, self.source)
+            images = service_images(configs, service)
+            check_docker(images, f"the images of compose service {service!r}", self.source)
             create_compose_networks(self.compose_argv, service, root, environments[0], configs[0])
 
     def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:

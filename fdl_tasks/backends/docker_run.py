@@ -70,13 +70,15 @@ class DockerRunBackend(ContainerBackend):
 
     tool = "docker run"
 
-    def __init__(self, controller: Controller, docker: DockerSettings) -> None:
+    def __init__(self, controller: Controller, docker: DockerSettings, source: str) -> None:
         self.controller, self.docker, self.user = controller, docker, container_user()
+        self.source = source
 
     def check(self, jobs: Sequence[BuildJob]) -> None:
         check_docker(
             [job.spec.image for job in jobs if job.spec.image],
             f"controller.docker.image is {self.docker.image!r}",
+            self.source,
         )
 
     def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:

@@ -57,14 +57,14 @@ class NativeBackend:
     tool = "native cargo"
     killers = "the out-of-memory killer, or another process"
 
-    def __init__(self, controller: Controller) -> None:
-        self.controller = controller
+    def __init__(self, controller: Controller, source: str) -> None:
+        self.controller, self.source = controller, source
 
     def check(self, jobs: Sequence[BuildJob]) -> None:
         if shutil.which("cargo") is None:
             raise FdlError(
                 "cargo is not on PATH: install Rust (rustup) on the controller, or set "
-                "controller.docker in cluster.yaml to build inside a container"
+                f"controller.docker in {self.source} to build inside a container"
             )
 
     def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:

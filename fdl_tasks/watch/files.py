@@ -25,7 +25,7 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.files import write_atomically
 from fdl_tasks.layout import WATCH_DIR
 from fdl_tasks.locks import FileLock, create_lock
-from fdl_tasks.run import Report
+from fdl_tasks.reporting import Report, Severity
 from fdl_tasks.watch.scope import Scope
 
 
@@ -99,7 +99,10 @@ class StateFile:
             except FdlError as exc:
                 if not self._failed:
                     self._failed = True
-                    self.report(f"watch: warning: {exc}; inv launch cannot wait for cycles")
+                    self.report(
+                        f"watch: warning: {exc}; inv launch cannot wait for cycles",
+                        Severity.WARNING,
+                    )
 
     def remove(self) -> None:
         """The state and any partial copy: a watcher that ended leaves nothing to wait for."""

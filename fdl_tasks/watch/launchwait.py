@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fdl_tasks.errors import FdlError
-from fdl_tasks.run import Report
+from fdl_tasks.reporting import Report
 from fdl_tasks.watch.files import WatchFiles, read_state, watcher_alive
 from fdl_tasks.watch.lines import busy_reason, shown
 from fdl_tasks.watch.scope import Scope

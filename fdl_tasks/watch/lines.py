@@ -80,12 +80,6 @@ def failed_line(number: int, seconds: float, what: str) -> str:
     )
 
 
-def passes_through(line: str) -> bool:
-    """Lines a quiet cycle still shows at once: warnings and waits."""
-    lowered = line.lower()
-    return "warning" in lowered or "waiting" in lowered
-
-
 def stopped_line(command: str, cycle: int, building: bool, published: bool, last_ok: bool) -> str:
     """What a stop leaves: the envelope the last good cycle published, or none."""
     during = f" during cycle {cycle}" if building and cycle else ""

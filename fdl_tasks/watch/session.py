@@ -19,6 +19,7 @@ from fdl_tasks.envelope import hand_over, published_path
 from fdl_tasks.errors import FdlError, Stopped
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.loader import load_cluster
+from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
 from fdl_tasks.watch.buildscripts import target_dirs
 from fdl_tasks.watch.files import StateFile, WatchFiles, hold_lock, touch_stamp
@@ -27,7 +28,6 @@ from fdl_tasks.watch.lines import (
     cycle_line,
     describe_changes,
     failed_line,
-    passes_through,
     stopped_line,
     verified_text,
 )
@@ -94,10 +94,11 @@ class Session:
         """The run with progress kept back (warnings and waits still shown at once)."""
         report = self.run.report
 
-        def keep(line: str) -> None:
-            lines.append(line)
-            if passes_through(line):
-                report(line)
+        def keep(line: str, severity: Severity = Severity.PROGRESS, /) -> None:
+            if severity is Severity.PROGRESS:
+                lines.append(line)
+            else:
+                report(line, severity)
 
         return attrs.evolve(self.run, report=keep)
 
@@ -123,7 +124,7 @@ class Session:
         except FdlError as exc:
             hand_over(None)
             self.last_ok, self.probe = False, True
-            for line in [*(line for line in lines if not passes_through(line)), str(exc)]:
+            for line in [*lines, str(exc)]:
                 for part in line.splitlines():
                     self.run.report(part)
             self.run.report(failed_line(self.cycle, time.monotonic() - started, what))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fdl_tasks.run import Report
+from fdl_tasks.reporting import Report
 from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.filewatch import Changes, FileWatch, how_to_watch, relevant_changes
 from fdl_tasks.watch.plan import WatchPlan, watch_plan

@@ -38,6 +38,7 @@ from fdl_tasks.dist_client import CONTAINER_DIST, CONTAINER_TOOLCHAINS, DistClie
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import DistSettings
+from fdl_tasks.reporting import collect
 
 SECRET = "s3cr3t-Token_value.42"
 
@@ -408,7 +409,7 @@ def test_open_cache_writes_private_client_files(
 ) -> None:
     lines: list[str] = []
     dist = DistSettings(scheduler, token_file=str(token_file))
-    cache = open_cache(str(tmp_path / "c"), "1G", dist, lines.append)
+    cache = open_cache(str(tmp_path / "c"), "1G", dist, collect(lines))
     if cache is None:
         pytest.skip("sccache is not installed")
     assert cache.dist is not None and cache.dist.status is not None
@@ -449,7 +450,9 @@ def test_a_scheduler_that_does_not_answer_leaves_compiles_local(
 ) -> None:
     lines: list[str] = []
     url = f"http://127.0.0.1:{closed_port()}"
-    cache = open_cache(str(tmp_path / "c"), "1G", DistSettings(url, str(token_file)), lines.append)
+    cache = open_cache(
+        str(tmp_path / "c"), "1G", DistSettings(url, str(token_file)), collect(lines)
+    )
     if cache is None:
         pytest.skip("sccache is not installed")
     assert cache.dist is None
@@ -481,7 +484,7 @@ def test_token_sources_fail_clearly(
     assert cache is not None and cache.dist is not None
     token_file.chmod(0o644)
     lines: list[str] = []
-    open_cache(str(tmp_path / "c"), "1G", DistSettings(scheduler, str(token_file)), lines.append)
+    open_cache(str(tmp_path / "c"), "1G", DistSettings(scheduler, str(token_file)), collect(lines))
     assert lines[0].startswith("warning: controller.dist.token_file ")
     assert "is readable by other users (mode 644); chmod 600" in lines[0]
 

@@ -29,6 +29,7 @@ from fdl_tasks.hostkeys import (
 from fdl_tasks.known_hosts import KnownLine
 from fdl_tasks.model import SshSettings, Worker
 from fdl_tasks.remote import Fleet
+from fdl_tasks.reporting import collect
 from fdl_tasks.settings import Settings
 from fdl_tasks.sshconfig import host_key_options, ssh_config_block
 
@@ -408,7 +409,7 @@ def test_the_fleet_gives_each_host_its_policy_and_budget_and_parses_each_file_on
         }
     )
     reports: list[str] = []
-    with Fleet(workers, settings, reports.append) as fleet:
+    with Fleet(workers, settings, collect(reports)) as fleet:
         clients = {label: c.client for label, c in fleet.connections.items()}
         policies = {label: client._policy for label, client in clients.items()}
         assert {label: p.strict for label, p in policies.items()} == dict(

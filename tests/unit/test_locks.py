@@ -14,6 +14,7 @@ import pytest
 from fdl_tasks.errors import FdlError
 from fdl_tasks.locks import FileLock, create_lock, project_lock
 from fdl_tasks.remote import quiet_paramiko
+from fdl_tasks.reporting import collect
 
 HOLD = (
     "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
@@ -57,7 +58,7 @@ def test_the_project_lock_waits_for_the_holder_saying_so(tmp_path: Path) -> None
     assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
     lines: list[str] = []
     started = time.monotonic()
-    with project_lock(path, lines.append):
+    with project_lock(path, collect(lines)):
         waited = time.monotonic() - started
     holder.wait()
     assert waited > 0.2  # taken only once the holder let go
@@ -66,7 +67,10 @@ def test_the_project_lock_waits_for_the_holder_saying_so(tmp_path: Path) -> None
 
 def test_the_project_lock_is_taken_when_free(tmp_path: Path) -> None:
     lines: list[str] = []
-    with project_lock(tmp_path / "lock", lines.append), FileLock.create(tmp_path / "lock") as other:
+    with (
+        project_lock(tmp_path / "lock", collect(lines)),
+        FileLock.create(tmp_path / "lock") as other,
+    ):
         assert not other.take()
     assert lines == []
 

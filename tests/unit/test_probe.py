@@ -16,6 +16,7 @@ from fdl_tasks.probe import (
     report_lines,
     unreachable,
 )
+from fdl_tasks.reporting import Severity
 
 BUILD = BuildEnvironment("x86_64", (2, 36))
 ABI = ProbeRequest("/data", True, abi=True)
@@ -130,8 +131,10 @@ def test_unreachable_is_a_warning_and_report_summarises() -> None:
         unreachable("b", ABI, "connection refused at 10.0.0.2:22"),
         judge("c", ABI, ProbeFacts("missing", "aarch64", "GNU libc 2.36", True), BUILD),
     ]
-    lines = report_lines(verdicts)
-    assert lines[0] == "  ok       a"
+    said = report_lines(verdicts)
+    lines = [line for line, _ in said]
+    assert said[0] == ("  ok       a", Severity.PROGRESS)
     assert "warning  b: unreachable: connection refused" in lines[1]
+    assert said[1][1] is Severity.WARNING and said[2][1] is Severity.PROGRESS
     assert sum("error    c:" in line for line in lines) == 2
     assert lines[-1] == "preflight: 1 ok, 1 with warnings, 1 with errors (c)"

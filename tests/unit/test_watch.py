@@ -15,6 +15,7 @@ import pytest
 from fdl_tasks.delivery import Delivery
 from fdl_tasks.errors import FdlError
 from fdl_tasks.plan import BuildSpec, CrossBuild
+from fdl_tasks.reporting import collect
 from fdl_tasks.watch import wait_for_watch
 from fdl_tasks.watch.buildscripts import declared_inputs, host_path, rerun_declarations
 from fdl_tasks.watch.debounce import Debouncer
@@ -478,7 +479,7 @@ def later_than_sources(project: Path) -> float:
 
 def test_no_watcher_no_wait(project: Path) -> None:
     said: list[str] = []
-    wait_for_watch(project, "p", 1.0, said.append)
+    wait_for_watch(project, "p", 1.0, collect(said))
     assert said == []
 
 
@@ -487,7 +488,7 @@ def test_a_dead_watchers_state_is_ignored(project: Path) -> None:
     (project / "target/cluster/_watch/p.lock").touch()  # nobody holds it
     said: list[str] = []
     started = time.monotonic()
-    wait_for_watch(project, "p", 30.0, said.append)
+    wait_for_watch(project, "p", 30.0, collect(said))
     assert time.monotonic() - started < 1
     assert said and "has ended" in said[0]
 
@@ -496,7 +497,7 @@ def test_a_building_cycle_is_waited_for_within_the_bound(project: Path, held: No
     write_state(project, "building", later_than_sources(project))
     said: list[str] = []
     with pytest.raises(FdlError, match=r"not published in 0.5s \(cycle 2 is building\)"):
-        wait_for_watch(project, "p", 0.5, said.append)
+        wait_for_watch(project, "p", 0.5, collect(said))
     assert said == [
         f"launch: waiting for the prebuild watcher (pid {os.getpid()}): cycle 2 is building"
     ]
@@ -505,7 +506,7 @@ def test_a_building_cycle_is_waited_for_within_the_bound(project: Path, held: No
 def test_an_idle_current_watcher_lets_launch_go(project: Path, held: None) -> None:
     write_state(project, "idle", later_than_sources(project))
     said: list[str] = []
-    wait_for_watch(project, "p", 5.0, said.append)
+    wait_for_watch(project, "p", 5.0, collect(said))
     assert said == []
 
 
@@ -514,13 +515,13 @@ def test_a_change_the_watcher_has_not_seen_yet_is_waited_for(project: Path, held
     os.utime(project / "Cargo.toml", (900.0, 900.0))
     said: list[str] = []
     with pytest.raises(FdlError, match=r"src/main\.rs changed after cycle 2 started"):
-        wait_for_watch(project, "p", 0.4, said.append)
+        wait_for_watch(project, "p", 0.4, collect(said))
 
 
 def test_a_failed_last_cycle_is_an_error(project: Path, held: None) -> None:
     write_state(project, "failed", later_than_sources(project))
     with pytest.raises(FdlError, match="failed its last cycle"):
-        wait_for_watch(project, "p", 5.0, lambda _: None)
+        wait_for_watch(project, "p", 5.0, collect([]))
 
 
 def test_newest_change(project: Path) -> None:
