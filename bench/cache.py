@@ -32,7 +32,7 @@ from typing import Any
 
 from bench import flodl_crate
 from bench.run import STATE, Bench, BenchError, Comparison, log, median, table
-from fdl_tasks.files import write_atomically
+from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from rig.harness import builder_settings, rig_worker, write_cluster
 

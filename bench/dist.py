@@ -34,7 +34,7 @@ from typing import Any
 from bench import flodl_crate
 from bench.cache import CACHE, VARIANTS, CacheBench
 from bench.run import STATE, BenchError, Comparison, log, machine_facts, median, table
-from fdl_tasks.files import write_atomically
+from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from rig.dist import DistRig, ServerSpec
 from rig.harness import builder_settings, rig_worker, write_cluster

@@ -58,8 +58,8 @@ from typing import Any
 from bench import flodl_crate
 from bench.bare import bare, bare_command
 from bench.run import BenchError
+from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.envelope import decode
-from fdl_tasks.files import write_atomically
 from fdl_tasks.layout import MARKER_FILE, envelope_file
 from rig.harness import RigCluster, Running, builder_settings, inv_argv, start_rig, write_cluster
 from rig.sshrig import HostSpec

@@ -72,8 +72,8 @@ from typing import Any
 import psutil
 
 from bench import crate_gen
+from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.console import format_table
-from fdl_tasks.files import write_atomically
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.probe import END, ProbeRequest
 from rig.harness import (

@@ -23,16 +23,16 @@ from typing import Any
 import attrs
 from invoke.context import Context
 
+from fdl_tasks.atomic_files import copy_atomically, log_tail
 from fdl_tasks.backends import Backend
+from fdl_tasks.binary_check import file_sha256
+from fdl_tasks.build_plan import BuildJob
 from fdl_tasks.cache import CompileCache
 from fdl_tasks.cache_stats import CacheStats, read_stats
 from fdl_tasks.console import PrefixedLines, StatusBoard
-from fdl_tasks.files import copy_atomically, log_tail
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.layout import MARKER_FILE
-from fdl_tasks.plan import BuildJob
-from fdl_tasks.rules import join_path, libtorch_dir
-from fdl_tasks.verify import file_sha256
+from fdl_tasks.variants import join_path, libtorch_dir
 
 
 @attrs.frozen(kw_only=True)

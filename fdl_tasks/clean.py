@@ -1,6 +1,6 @@
 """``inv clean``: remove the target dirs that no current host, variant or image uses.
 
-What is live is :func:`fdl_tasks.plan.live_target_dirs`; what is stale among
+What is live is :func:`fdl_tasks.build_plan.live_target_dirs`; what is stale among
 what exists is :func:`fdl_tasks.layout.stale_dirs`. Only entries under
 ``target/cluster/`` are ever listed or removed, never followed through a
 symbolic link, and never while a prebuild holds the project lock.
@@ -14,12 +14,12 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from fdl_tasks.build_plan import live_target_dirs
 from fdl_tasks.console import format_table
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpu_gate import expand_auto
 from fdl_tasks.layout import CLUSTER_TARGET, LOCK_FILE, OWN_ENTRIES, stale_dirs
 from fdl_tasks.locks import FileLock
-from fdl_tasks.plan import live_target_dirs
 from fdl_tasks.run import Run
 from fdl_tasks.setting_values import size_bytes
 

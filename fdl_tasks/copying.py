@@ -20,6 +20,7 @@ from pathlib import Path
 import attrs
 import paramiko
 
+from fdl_tasks.binary_check import file_sha256
 from fdl_tasks.copy_plan import (
     HostState,
     Target,
@@ -36,7 +37,6 @@ from fdl_tasks.outcomes import Failure
 from fdl_tasks.remote import Fleet
 from fdl_tasks.run import Run
 from fdl_tasks.settings import Settings
-from fdl_tasks.verify import file_sha256
 
 BLOCK = 1 << 20
 

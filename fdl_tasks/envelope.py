@@ -22,13 +22,13 @@ from typing import ClassVar
 
 import attrs
 
+from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.converter import structure
 from fdl_tasks.errors import FdlError
-from fdl_tasks.files import write_atomically
 from fdl_tasks.gpus import runtime_library_path, vendor_of
 from fdl_tasks.layout import envelope_file, host_binary
 from fdl_tasks.model import WireText, Worker
-from fdl_tasks.rules import libtorch_dir, require_arch
+from fdl_tasks.variants import libtorch_dir, require_arch
 
 #: Carries the envelope map from prebuild to the launcher.
 ENV_PREBUILD_PER_HOST = "FLODL_INTERNAL_PREBUILD_PER_HOST"

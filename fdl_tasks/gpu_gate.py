@@ -13,13 +13,13 @@ from pathlib import Path
 import attrs
 
 from fdl_tasks.auto_arch import AUTO, Installed, choose
+from fdl_tasks.binary_check import ELF_MACHINES
 from fdl_tasks.coverage import ArchFile, judge_coverage, parse_arch_file
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpus import unknown_name_warning, vendor_of
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.probe import Status, Verdict
 from fdl_tasks.values import InvalidValue, check_arch
-from fdl_tasks.verify import ELF_MACHINES
 
 #: The metadata file flodl writes next to a variant's ``lib/``.
 ARCH_FILE = ".arch"

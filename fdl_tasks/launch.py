@@ -14,8 +14,8 @@ from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.remote import Fleet
-from fdl_tasks.rules import check_command, join_path
 from fdl_tasks.run import Run
+from fdl_tasks.variants import check_command, join_path
 
 
 def check_envelopes(

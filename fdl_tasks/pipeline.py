@@ -19,26 +19,26 @@ from pathlib import Path
 import attrs
 
 import fdl_tasks.envelope as envelope
+from fdl_tasks.atomic_files import remove_partials
 from fdl_tasks.auto_arch import AUTO
 from fdl_tasks.backends import Backend, backend_for
+from fdl_tasks.build_plan import BuildJob, plan_builds
+from fdl_tasks.build_step import run_builds
 from fdl_tasks.builder import JobResult
-from fdl_tasks.builds import run_builds
 from fdl_tasks.copying import copy_step
-from fdl_tasks.delivery import Delivery, verify_delivery
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.files import remove_partials
 from fdl_tasks.gpu_gate import with_chosen_archs
 from fdl_tasks.layout import LOCK_FILE
 from fdl_tasks.locks import project_lock
 from fdl_tasks.model import Worker
-from fdl_tasks.plan import BuildJob, plan_builds
 from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
 from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
-from fdl_tasks.rules import check_crate_dir, libtorch_dir
 from fdl_tasks.run import Run
+from fdl_tasks.variants import check_crate_dir, libtorch_dir
+from fdl_tasks.verification import Delivery, verify_delivery
 
 
 @attrs.frozen(kw_only=True)

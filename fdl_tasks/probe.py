@@ -19,7 +19,7 @@ from fdl_tasks.gpu_probe import GPU_FACT_LINES, gpu_report
 from fdl_tasks.gpus import GpuReport
 from fdl_tasks.model import DEFAULT_DATA_PATH, Controller, Worker
 from fdl_tasks.reporting import Severity
-from fdl_tasks.rules import libtorch_dir
+from fdl_tasks.variants import libtorch_dir
 
 Status = Literal["ok", "warning", "error"]
 DataState = Literal["ok", "missing", "unreadable"]

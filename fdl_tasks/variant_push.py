@@ -23,9 +23,9 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Worker
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.remote import Fleet
-from fdl_tasks.rules import libtorch_dir, require_arch
 from fdl_tasks.run import Run
 from fdl_tasks.variant_plan import Stamp, changed, listing_script, parse_listing
+from fdl_tasks.variants import libtorch_dir, require_arch
 
 #: Progress is reported each time this many more bytes reached a host.
 PROGRESS_BYTES = 256 << 20

@@ -453,8 +453,8 @@ def ensure() -> str:
 def _cross_build(root: Path, arch: str, image: str) -> Path:
     """The aarch64 build of ``ddp-bench`` exactly as prebuild renders it (docker run mode)."""
     from fdl_tasks.backends.docker_run import docker_command
+    from fdl_tasks.build_plan import plan_builds
     from fdl_tasks.model import Controller, CrossSetup, DockerSettings, Worker
-    from fdl_tasks.plan import plan_builds
 
     docker = DockerSettings(image=image)
     controller = Controller(path=str(root), docker=docker, cross={"aarch64": CrossSetup()})

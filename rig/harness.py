@@ -32,7 +32,7 @@ from typing import IO, Any, ClassVar
 
 import yaml
 
-from fdl_tasks.containers import remove_containers
+from fdl_tasks.docker_tools import remove_containers
 from fdl_tasks.envelope import PerHostEnvelope
 from rig.docker_builder import (
     BUILDER_IMAGE,

@@ -15,10 +15,10 @@ from typing import Protocol
 from fdl_tasks.backends.compose import ComposeBackend
 from fdl_tasks.backends.docker_run import DockerRunBackend
 from fdl_tasks.backends.native import NativeBackend
+from fdl_tasks.build_plan import BuildJob
 from fdl_tasks.cache import CompileCache
-from fdl_tasks.containers import find_compose
+from fdl_tasks.docker_tools import find_compose
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
-from fdl_tasks.plan import BuildJob
 
 
 class Backend(Protocol):

@@ -11,15 +11,16 @@ import shlex
 from collections.abc import Sequence
 
 from fdl_tasks.backends.containers import ContainerBackend
-from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
-from fdl_tasks.commands import (
+from fdl_tasks.build_argv import (
     assignments,
     cargo_argv,
     container_cache,
     container_identity,
     cross_variables,
 )
-from fdl_tasks.containers import (
+from fdl_tasks.build_plan import BuildJob
+from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
+from fdl_tasks.docker_tools import (
     check_docker,
     compose_configs,
     create_compose_networks,
@@ -27,8 +28,7 @@ from fdl_tasks.containers import (
     user_ids,
 )
 from fdl_tasks.model import Arch, ComposeService, Controller
-from fdl_tasks.plan import BuildJob
-from fdl_tasks.rules import arch_cuda, join_path, libtorch_dir
+from fdl_tasks.variants import arch_cuda, join_path, libtorch_dir
 
 #: What flodl passes for its ``dev`` (CPU) service's libtorch mount.
 COMPOSE_CPU_LIBTORCH = "./libtorch/precompiled/cpu"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from fdl_tasks.build_argv import JOB_LABEL, RUN_LABEL
+from fdl_tasks.build_plan import BuildJob
 from fdl_tasks.cache import CompileCache
-from fdl_tasks.commands import JOB_LABEL, RUN_LABEL
-from fdl_tasks.containers import remove_containers
-from fdl_tasks.plan import BuildJob
+from fdl_tasks.docker_tools import remove_containers
 
 
 class ContainerBackend:

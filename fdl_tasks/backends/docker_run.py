@@ -10,12 +10,12 @@ import shlex
 from collections.abc import Sequence
 
 from fdl_tasks.backends.containers import ContainerBackend
+from fdl_tasks.build_argv import cargo_argv, container_cache, container_identity, cross_variables
+from fdl_tasks.build_plan import BuildJob
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
-from fdl_tasks.commands import cargo_argv, container_cache, container_identity, cross_variables
-from fdl_tasks.containers import check_docker, user_ids
+from fdl_tasks.docker_tools import check_docker, user_ids
 from fdl_tasks.model import Controller, DockerSettings
-from fdl_tasks.plan import BuildJob
-from fdl_tasks.rules import join_path, libtorch_dir
+from fdl_tasks.variants import join_path, libtorch_dir
 
 
 def docker_command(

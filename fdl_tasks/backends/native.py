@@ -13,12 +13,12 @@ import shutil
 import signal
 from collections.abc import Sequence
 
+from fdl_tasks.build_argv import cargo_argv, cross_variables
+from fdl_tasks.build_plan import BuildJob
 from fdl_tasks.cache import CompileCache, stop_server, with_stats
-from fdl_tasks.commands import cargo_argv, cross_variables
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Controller
-from fdl_tasks.plan import BuildJob
-from fdl_tasks.rules import join_path, libtorch_dir
+from fdl_tasks.variants import join_path, libtorch_dir
 
 
 def native_server(run_id: str, job_name: str) -> str:

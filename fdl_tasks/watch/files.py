@@ -21,8 +21,8 @@ from typing import Any
 
 import attrs
 
+from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.errors import FdlError
-from fdl_tasks.files import write_atomically
 from fdl_tasks.layout import WATCH_DIR
 from fdl_tasks.locks import FileLock, create_lock
 from fdl_tasks.reporting import Report, Severity

@@ -9,8 +9,8 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fdl_tasks.delivery import Delivery
-from fdl_tasks.plan import BuildSpec
+from fdl_tasks.build_plan import BuildSpec
+from fdl_tasks.verification import Delivery
 from fdl_tasks.watch.scope import Kind, under
 
 

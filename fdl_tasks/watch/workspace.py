@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from fdl_tasks.layout import PROFILE_DIR
-from fdl_tasks.rules import libtorch_dir
 from fdl_tasks.run import Run
+from fdl_tasks.variants import libtorch_dir
 from fdl_tasks.watch.buildscripts import container_mounts, declared_inputs
 from fdl_tasks.watch.scope import Scope, ignored_dir, make_scope, under
 

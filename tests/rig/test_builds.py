@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from fdl_tasks.backends.docker_run import docker_command
+from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.envelope import decode
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import DockerSettings
-from fdl_tasks.plan import plan_builds
 from rig.harness import RigCluster, containers, start_rig
 from rig.project import add_variant, break_variant
 from rig.sshrig import HostSpec

@@ -21,11 +21,11 @@ import pytest
 import yaml
 
 from fdl_tasks.backends.compose import compose_command
-from fdl_tasks.containers import remove_containers
+from fdl_tasks.build_plan import plan_builds
+from fdl_tasks.docker_tools import remove_containers
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import ComposeService
-from fdl_tasks.plan import plan_builds
 from rig.harness import RigCluster, containers, prebuild_args, start_rig
 from rig.project import write_compose_file
 from rig.sshrig import HostSpec

@@ -10,12 +10,12 @@ import pytest
 from fdl_tasks.backends.compose import compose_command
 from fdl_tasks.backends.docker_run import docker_command
 from fdl_tasks.backends.native import native_command
+from fdl_tasks.binary_check import RemoteCopy, delivery_problems, elf_machine
+from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
-from fdl_tasks.plan import plan_builds
 from fdl_tasks.probe import BuildEnvironment, ProbeFacts, ProbeRequest, judge
-from fdl_tasks.verify import RemoteCopy, delivery_problems, elf_machine
 
 ARM = "aarch64-unknown-linux-gnu"
 #: The aarch64 hosts' libtorch: a directory of its own on the controller.

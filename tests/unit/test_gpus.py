@@ -27,7 +27,7 @@ from fdl_tasks.gpus import (
 )
 from fdl_tasks.model import Worker
 from fdl_tasks.probe import ProbeRequest, parse_facts
-from fdl_tasks.rules import cargo_features
+from fdl_tasks.variants import cargo_features
 from rig.gpushims import gpu_shims
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpus"

@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from fdl_tasks.build_plan import live_target_dirs, plan_builds
 from fdl_tasks.layout import (
     BuildKey,
     envelope_file,
@@ -16,7 +17,6 @@ from fdl_tasks.layout import (
 )
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import Cluster
-from fdl_tasks.plan import live_target_dirs, plan_builds
 
 KEY = BuildKey(mode="docker", arch="precompiled/cu128", features=("cuda",), environment="img:12.8")
 

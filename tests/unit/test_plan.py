@@ -10,10 +10,10 @@ import pytest
 from fdl_tasks.backends.compose import compose_command
 from fdl_tasks.backends.docker_run import docker_command
 from fdl_tasks.backends.native import native_command
+from fdl_tasks.build_plan import plan_builds, resolve_image
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
-from fdl_tasks.plan import plan_builds, resolve_image
 
 
 def cluster(archs: dict[str, str], docker: dict[str, object] | None = None) -> Cluster:

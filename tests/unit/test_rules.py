@@ -10,7 +10,7 @@ from fdl_tasks.layout import arch_slug
 from fdl_tasks.layout import host_binary as binary_path
 from fdl_tasks.layout import host_dir as target_dir
 from fdl_tasks.loader import parse_cluster
-from fdl_tasks.rules import (
+from fdl_tasks.variants import (
     arch_cuda,
     cargo_features,
     check_command,

@@ -47,7 +47,7 @@ def test_a_daemon_that_cannot_list_the_containers_is_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No answer is not "nothing to remove": the run's containers may still run."""
-    from fdl_tasks.containers import remove_containers
+    from fdl_tasks.docker_tools import remove_containers
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     [line] = remove_containers("fdl-tasks.run=ab12", "fdl-tasks.job=node b")

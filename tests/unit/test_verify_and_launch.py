@@ -8,20 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.errors import FdlError
-from fdl_tasks.launch import check_envelopes, launch_command
-from fdl_tasks.model import SshSettings, Worker
-from fdl_tasks.rules import split_ssh_option
-from fdl_tasks.settings import Settings
-from fdl_tasks.sshconfig import ssh_config_block
-from fdl_tasks.verify import (
+from fdl_tasks.binary_check import (
     delivery_problems,
     file_sha256,
     parse_verification,
     required_glibc,
     verification_script,
 )
+from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.errors import FdlError
+from fdl_tasks.launch import check_envelopes, launch_command
+from fdl_tasks.model import SshSettings, Worker
+from fdl_tasks.settings import Settings
+from fdl_tasks.sshconfig import ssh_config_block
+from fdl_tasks.variants import split_ssh_option
 
 
 def test_required_glibc_reads_a_real_elf() -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.delivery import Delivery
+from fdl_tasks.build_plan import BuildSpec, CrossBuild
 from fdl_tasks.errors import FdlError
-from fdl_tasks.plan import BuildSpec, CrossBuild
 from fdl_tasks.reporting import collect
+from fdl_tasks.verification import Delivery
 from fdl_tasks.watch import wait_for_watch
 from fdl_tasks.watch.buildscripts import declared_inputs, host_path, rerun_declarations
 from fdl_tasks.watch.debounce import Debouncer

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from fdl_tasks.backends.compose import compose_command
 from fdl_tasks.backends.docker_run import docker_command
 from fdl_tasks.backends.native import native_command
+from fdl_tasks.build_plan import BuildJob, plan_builds
 from fdl_tasks.model import ComposeService, DockerSettings
-from fdl_tasks.plan import BuildJob, plan_builds
-from fdl_tasks.rules import arch_cuda, join_path
+from fdl_tasks.variants import arch_cuda, join_path
 from tests.unit.hostile.conftest import (
     cargo_tail,
     checked_command,

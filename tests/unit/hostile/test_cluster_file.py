@@ -16,9 +16,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Cluster, DockerSettings
-from fdl_tasks.plan import plan_builds
 from tests.unit.hostile.conftest import (
     assert_one_paragraph,
     base_cluster,

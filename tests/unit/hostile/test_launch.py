@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.launch import launch_command
-from fdl_tasks.rules import join_path
+from fdl_tasks.variants import join_path
 from tests.unit.hostile.conftest import (
     Call,
     Sandbox,

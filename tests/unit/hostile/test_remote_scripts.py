@@ -12,9 +12,9 @@ from pathlib import Path
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
+from fdl_tasks.binary_check import parse_verification, verification_script
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.probe import ProbeRequest, parse_facts
-from fdl_tasks.verify import parse_verification, verification_script
 from tests.unit.hostile.conftest import (
     checked_command,
     checked_crate_dir,

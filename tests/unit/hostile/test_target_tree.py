@@ -13,10 +13,10 @@ import os
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.layout import host_binary as binary_path
 from fdl_tasks.layout import host_dir as target_dir
-from fdl_tasks.plan import plan_builds
-from fdl_tasks.rules import libtorch_dir
+from fdl_tasks.variants import libtorch_dir
 from tests.unit.hostile.conftest import arches, commands, labels, load, one_worker
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from fdl_tasks.commands import RUN_LABEL
+from fdl_tasks.build_argv import RUN_LABEL
 from fdl_tasks.errors import FdlError
 
 #: The labels compose puts on each network it creates: the project's name, the network's key.

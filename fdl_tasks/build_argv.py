@@ -11,10 +11,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
+from fdl_tasks.build_plan import BuildJob, BuildSpec
 from fdl_tasks.cache import CONTAINER_TARGET, CompileCache
 from fdl_tasks.model import Controller
-from fdl_tasks.plan import BuildJob, BuildSpec
-from fdl_tasks.rules import cross_env, join_path
+from fdl_tasks.variants import cross_env, join_path
 
 #: Labels every build container of a run, so a run can find and stop its own.
 RUN_LABEL = "fdl-tasks.run"

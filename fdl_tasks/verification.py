@@ -9,12 +9,7 @@ from pathlib import Path
 
 import attrs
 
-from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.outcomes import Failure
-from fdl_tasks.remote import Fleet
-from fdl_tasks.rules import join_path
-from fdl_tasks.settings import Settings
-from fdl_tasks.verify import (
+from fdl_tasks.binary_check import (
     RemoteCopy,
     delivery_problems,
     file_sha256,
@@ -22,6 +17,11 @@ from fdl_tasks.verify import (
     required_glibc,
     verification_script,
 )
+from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.outcomes import Failure
+from fdl_tasks.remote import Fleet
+from fdl_tasks.settings import Settings
+from fdl_tasks.variants import join_path
 
 
 @attrs.frozen(kw_only=True)

@@ -11,11 +11,11 @@ import secrets
 from collections.abc import Sequence
 
 from fdl_tasks.backends import Backend
+from fdl_tasks.build_plan import BuildJob
 from fdl_tasks.builder import Builder, JobResult, concurrency, failure_report
 from fdl_tasks.cache import CompileCache, find_cache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
-from fdl_tasks.plan import BuildJob
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
 

@@ -23,7 +23,7 @@ from fdl_tasks.model import (
     DockerSettings,
     Worker,
 )
-from fdl_tasks.rules import (
+from fdl_tasks.variants import (
     CUDA_TAG_FIELD,
     CUDA_VERSION_FIELD,
     GNU_TARGETS,
