@@ -16,8 +16,8 @@ import attrs
 
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
+from fdl_tasks.names import join_path
 from fdl_tasks.probe import BEGIN, END, HOST_FACT_LINES, glibc_version, marked_answers
-from fdl_tasks.variants import join_path
 
 _GLIBC_SYMBOL = re.compile(r"GLIBC_(\d+)\.(\d+)")
 

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 
 from fdl_tasks.build_plan import BuildJob, BuildSpec
 from fdl_tasks.cache import CONTAINER_TARGET, CompileCache
+from fdl_tasks.cross_targets import cross_env
 from fdl_tasks.model import Controller
-from fdl_tasks.variants import cross_env, join_path
+from fdl_tasks.names import join_path
 
 #: Labels every build container of a run, so a run can find and stop its own.
 RUN_LABEL = "fdl-tasks.run"

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from fdl_tasks.cross_targets import GNU_TARGETS
 from fdl_tasks.errors import FdlError
 from fdl_tasks.layout import BuildKey, built_binary, host_binary, host_dir, log_file, shared_dir
 from fdl_tasks.model import (
@@ -26,7 +27,6 @@ from fdl_tasks.model import (
 from fdl_tasks.variants import (
     CUDA_TAG_FIELD,
     CUDA_VERSION_FIELD,
-    GNU_TARGETS,
     Cuda,
     arch_cuda,
     cargo_features,

@@ -90,7 +90,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
         )
         if run.dry:
             for job in jobs:
-                run.report(f"[{job.name}] {builder.command(job)}")
+                run.report(f"[{job.name}] {builder.build_line(job)}")
             return []
         note = backend.run_note(run_id)
         run.say(

@@ -32,7 +32,8 @@ from fdl_tasks.cache_stats import CacheStats, read_stats
 from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.layout import MARKER_FILE
-from fdl_tasks.variants import join_path, libtorch_dir
+from fdl_tasks.names import join_path
+from fdl_tasks.variants import libtorch_dir
 
 
 @attrs.frozen(kw_only=True)
@@ -101,8 +102,8 @@ class Builder:
         #: What a stop or a timeout could not remove, each line with the command that does.
         self.left_running: list[str] = []
 
-    def command(self, job: BuildJob) -> str:
-        return self.backend.command(job, self.run_id, self.cache)
+    def build_line(self, job: BuildJob) -> str:
+        return self.backend.build_line(job, self.run_id, self.cache)
 
     def run_all(self, jobs: Sequence[BuildJob]) -> list[JobResult]:
         """Every job to its end; on an interrupt, stop them all and re-raise.
@@ -184,7 +185,7 @@ class Builder:
         with log_path.open("w", encoding="utf-8") as log:
             stream = PrefixedLines(job.name, log, self.board)
             promise: Any = self.c.run(
-                self.command(job),
+                self.build_line(job),
                 asynchronous=True,
                 warn=True,
                 hide=False,

@@ -20,7 +20,7 @@ from invoke.parser.argument import Argument
 from invoke.tasks import Task, task
 
 from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
-from fdl_tasks.variants import check_command
+from fdl_tasks.names import check_command
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -20,8 +20,8 @@ import attrs
 
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.model import Cluster, Worker
+from fdl_tasks.names import join_path
 from fdl_tasks.probe import BEGIN, END, marked_answers
-from fdl_tasks.variants import join_path
 
 #: Marks a file being uploaded: ``.<bin>.fdl-part-<token>`` beside the final path.
 PART_INFIX = ".fdl-part-"

@@ -20,6 +20,7 @@ from fdl_tasks.gpus import unknown_name_warning, vendor_of
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.probe import Status, Verdict
 from fdl_tasks.values import InvalidValue, check_arch
+from fdl_tasks.variants import libtorch_dir, libtorch_root
 
 #: The metadata file flodl writes next to a variant's ``lib/``.
 ARCH_FILE = ".arch"
@@ -28,7 +29,7 @@ ARCH_FILE = ".arch"
 def read_arch_file(root: Path, arch: str) -> ArchFile | None:
     """The variant's ``.arch``, ``None`` when it has none (or it cannot be read)."""
     try:
-        text = (root / "libtorch" / arch / ARCH_FILE).read_text(encoding="utf-8")
+        text = (Path(libtorch_dir(str(root), arch)) / ARCH_FILE).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
     return parse_arch_file(text)
@@ -50,7 +51,7 @@ def installed_variants(root: Path) -> list[Installed]:
     """``libtorch/precompiled/*`` and ``libtorch/builds/*`` with a ``lib/``, by name."""
     found = []
     for family in ("precompiled", "builds"):
-        directory = root / "libtorch" / family
+        directory = Path(libtorch_root(str(root))) / family
         children = sorted(directory.iterdir()) if directory.is_dir() else []
         for child in children:
             arch = f"{family}/{child.name}"

@@ -12,10 +12,10 @@ from fdl_tasks.envelope import PerHostEnvelope, read_published
 from fdl_tasks.errors import FdlError, Stopped
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.model import Cluster, Worker
+from fdl_tasks.names import check_command, join_path
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.remote import Fleet
 from fdl_tasks.run import Run
-from fdl_tasks.variants import check_command, join_path
 
 
 def check_envelopes(
@@ -64,7 +64,7 @@ def stop_processes(binary: str, grace: int) -> str:
     )
 
 
-def launch_command(
+def launch_line(
     worker: Worker, entry: PerHostEnvelope, cluster_env: Mapping[str, str], args: Sequence[str]
 ) -> str:
     """flodl's remote launch: clear orphans, spawn, forward hang-up/TERM/INT, wait, clear.
@@ -109,7 +109,7 @@ def launch_all(
     the grace period) before the interrupt propagates.
     """
     workers = fleet.workers
-    commands = {h: launch_command(w, envelopes[h], cluster.env, args) for h, w in workers.items()}
+    commands = {h: launch_line(w, envelopes[h], cluster.env, args) for h, w in workers.items()}
     streams = {host: PrefixedLines(host, None, sys.stdout) for host in workers}
     try:
         with sigterm_as_interrupt():
@@ -146,7 +146,7 @@ def launch(run: Run, command: str, args: Sequence[str]) -> None:
         )
     if run.dry:
         for worker in remotes:
-            line = launch_command(worker, envelopes[worker.host], run.cluster.env, args)
+            line = launch_line(worker, envelopes[worker.host], run.cluster.env, args)
             run.report(f"[{worker.host}] {line}")
         return
     with Fleet(remotes, run.settings, run.report) as fleet:

@@ -14,11 +14,11 @@ import attrs
 import yaml
 
 from fdl_tasks.converter import structure
+from fdl_tasks.cross_targets import GNU_TARGETS
 from fdl_tasks.dist import check_dist
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
 from fdl_tasks.values import kind_of, quote
-from fdl_tasks.variants import GNU_TARGETS
 
 #: How many values a cluster file may hold once YAML aliases are expanded.
 MAX_VALUES = 100_000

@@ -32,12 +32,13 @@ from fdl_tasks.gpu_gate import with_chosen_archs
 from fdl_tasks.layout import LOCK_FILE
 from fdl_tasks.locks import project_lock
 from fdl_tasks.model import Worker
+from fdl_tasks.names import check_crate_dir
 from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
 from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
-from fdl_tasks.variants import check_crate_dir, libtorch_dir
+from fdl_tasks.variants import libtorch_dir
 from fdl_tasks.verification import Delivery, verify_delivery
 
 
@@ -136,7 +137,7 @@ def plan(
             f"{host} (arch {job.spec.arch}): {libtorch_dir(str(run.root), job.spec.arch)}/lib"
             for job in jobs
             for host in job.hosts
-            if not (run.root / "libtorch" / job.spec.arch / "lib").is_dir()
+            if not Path(libtorch_dir(str(run.root), job.spec.arch), "lib").is_dir()
         }
     )
     if missing:
@@ -218,7 +219,7 @@ def build_and_publish(
         results = run_builds(run, backend, jobs)
         built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
         copy_step(run, fleet, envelopes, built)  # copy hosts: upload what is missing
-        delivery = verify(run, fleet, envelopes, built) if run.settings.verify else None
+        delivery = verify_hosts(run, fleet, envelopes, built) if run.settings.verify else None
         merged = kept | envelopes
         text = envelope.publish(run.root, command, merged)
     run.say(f"envelope of {command} for {len(merged)} host(s) written to {path}")
@@ -249,7 +250,7 @@ def merge_base(run: Run, command: str, keep: set[str]) -> dict[str, PerHostEnvel
     return {host: entry for host, entry in (published or {}).items() if host in keep}
 
 
-def verify(
+def verify_hosts(
     run: Run, fleet: Fleet, envelopes: dict[str, PerHostEnvelope], built: dict[str, Path]
 ) -> Delivery:
     """Every reachable host must run its binary; an unreachable one is a warning unless

@@ -12,9 +12,9 @@ from invoke.context import Context
 
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import Cluster, Worker
+from fdl_tasks.names import HOST_NAME_ENV, controller_label, remote_workers
 from fdl_tasks.reporting import Report, Severity, report_to_stderr
 from fdl_tasks.settings import Settings
-from fdl_tasks.variants import HOST_NAME_ENV, controller_label, remote_workers
 
 
 @attrs.frozen

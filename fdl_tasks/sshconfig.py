@@ -22,7 +22,7 @@ import attrs
 from fdl_tasks.errors import FdlError
 from fdl_tasks.hostkey_policy import DEFAULT_STRICT, STRICT_WORDS
 from fdl_tasks.model import Worker
-from fdl_tasks.variants import split_ssh_option
+from fdl_tasks.names import split_ssh_option
 
 #: ssh_config keys (lower case) that Fabric and paramiko honour.
 HONOURED_OPTIONS = frozenset(

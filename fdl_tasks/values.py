@@ -34,7 +34,8 @@ from fdl_tasks.model import (
     SshOption,
     WireText,
 )
-from fdl_tasks.variants import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, Cuda, split_ssh_option
+from fdl_tasks.names import split_ssh_option
+from fdl_tasks.variants import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, Cuda
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ARCH_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")

@@ -46,7 +46,7 @@ def push_libtorch(run: Run, workers: list[Worker]) -> None:
     """Every given copy host's variant completed; an error names each host that failed."""
     if not workers:
         raise FdlError("no copy host to push to: push-libtorch is for workers with delivery: copy")
-    sources = {w.host: run.root / "libtorch" / require_arch(w) for w in workers}
+    sources = {w.host: Path(libtorch_dir(str(run.root), require_arch(w))) for w in workers}
     for host, source in sources.items():
         if not (source / "lib").is_dir():
             raise FdlError(f"{host}: the controller has no variant at {source}/lib to push")

@@ -18,10 +18,10 @@ from fdl_tasks.binary_check import (
     verification_script,
 )
 from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.names import join_path
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.remote import Fleet
 from fdl_tasks.settings import Settings
-from fdl_tasks.variants import join_path
 
 
 @attrs.frozen(kw_only=True)

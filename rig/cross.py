@@ -452,7 +452,7 @@ def ensure() -> str:
 
 def _cross_build(root: Path, arch: str, image: str) -> Path:
     """The aarch64 build of ``ddp-bench`` exactly as prebuild renders it (docker run mode)."""
-    from fdl_tasks.backends.docker_run import docker_command
+    from fdl_tasks.backends.docker_run import docker_line
     from fdl_tasks.build_plan import plan_builds
     from fdl_tasks.model import Controller, CrossSetup, DockerSettings, Worker
 
@@ -461,7 +461,7 @@ def _cross_build(root: Path, arch: str, image: str) -> Path:
     worker = Worker(host="selftest", path=str(root), arch=arch)
     cpu_archs = {"selftest": "aarch64"}
     job = plan_builds([worker], controller, "ddp-bench", "ddp-bench", False, cpu_archs=cpu_archs)[0]
-    command = docker_command(job, controller, docker, "selftest", None)
+    command = docker_line(job, controller, docker, "selftest", None)
     run_logged(["sh", "-c", command], f"cross build: {command}")
     return root / job.built_binary
 

@@ -32,7 +32,7 @@ class Backend(Protocol):
     def check(self, jobs: Sequence[BuildJob]) -> None:
         """Before any build: every tool and image the jobs need is there (else FdlError)."""
 
-    def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
+    def build_line(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
         """The job's whole shell command line, every value quoted."""
 
     def stop_job(

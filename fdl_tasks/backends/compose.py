@@ -28,7 +28,8 @@ from fdl_tasks.docker_tools import (
     user_ids,
 )
 from fdl_tasks.model import Arch, ComposeService, Controller
-from fdl_tasks.variants import arch_cuda, join_path, libtorch_dir
+from fdl_tasks.names import join_path
+from fdl_tasks.variants import arch_cuda, libtorch_dir
 
 #: What flodl passes for its ``dev`` (CPU) service's libtorch mount.
 COMPOSE_CPU_LIBTORCH = "./libtorch/precompiled/cpu"
@@ -51,7 +52,7 @@ def compose_environment(root: str, arch: Arch, ids: tuple[int, int]) -> dict[str
     return environment | {"UID": str(ids[0]), "GID": str(ids[1])}
 
 
-def compose_command(
+def compose_line(
     job: BuildJob,
     controller: Controller,
     compose: ComposeService,
@@ -119,7 +120,7 @@ class ComposeBackend(ContainerBackend):
             check_docker(images, f"the images of compose service {service!r}", self.source)
             create_compose_networks(self.compose_argv, service, root, environments[0], configs[0])
 
-    def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
-        return compose_command(
+    def build_line(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
+        return compose_line(
             job, self.controller, self.compose, self.compose_argv, run_id, self.ids, cache
         )

@@ -15,10 +15,11 @@ from fdl_tasks.build_plan import BuildJob
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import check_docker, user_ids
 from fdl_tasks.model import Controller, DockerSettings
-from fdl_tasks.variants import join_path, libtorch_dir
+from fdl_tasks.names import join_path
+from fdl_tasks.variants import libtorch_dir
 
 
-def docker_command(
+def docker_line(
     job: BuildJob,
     controller: Controller,
     docker: DockerSettings,
@@ -28,7 +29,7 @@ def docker_command(
 ) -> str:
     """``docker run --rm … cargo build``: project at the workspace, libtorch read-only."""
     image = job.spec.image
-    assert image is not None, "docker_command needs a job planned with docker settings"
+    assert image is not None, "docker_line needs a job planned with docker settings"
     workspace = docker.workspace
     cache_flags, target = container_cache(job, controller, workspace, cache)
     argv = ["docker", "run", "--rm", *container_identity(run_id, job)]
@@ -81,5 +82,5 @@ class DockerRunBackend(ContainerBackend):
             self.source,
         )
 
-    def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
-        return docker_command(job, self.controller, self.docker, run_id, self.user, cache)
+    def build_line(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
+        return docker_line(job, self.controller, self.docker, run_id, self.user, cache)

@@ -18,7 +18,8 @@ from fdl_tasks.build_plan import BuildJob
 from fdl_tasks.cache import CompileCache, stop_server, with_stats
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Controller
-from fdl_tasks.variants import join_path, libtorch_dir
+from fdl_tasks.names import join_path
+from fdl_tasks.variants import libtorch_dir
 
 
 def native_server(run_id: str, job_name: str) -> str:
@@ -27,7 +28,7 @@ def native_server(run_id: str, job_name: str) -> str:
     return f"/tmp/fdl-sccache-{run_id}-{digest}.sock"
 
 
-def native_command(
+def native_line(
     job: BuildJob, controller: Controller, cache: CompileCache | None = None, run_id: str = ""
 ) -> str:
     """The same cargo build on the controller, in its own session (``exec setsid``).
@@ -67,8 +68,8 @@ class NativeBackend:
                 f"controller.docker in {self.source} to build inside a container"
             )
 
-    def command(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
-        return native_command(job, self.controller, cache, run_id)
+    def build_line(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
+        return native_line(job, self.controller, cache, run_id)
 
     def stop_job(
         self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None

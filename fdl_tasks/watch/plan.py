@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
+from fdl_tasks.variants import libtorch_root
 from fdl_tasks.watch.scope import Scope, hidden, ignored_dir, under
 
 
@@ -39,7 +40,7 @@ def watch_plan(scope: Scope, top_dirs: Iterable[str], exists: Callable[[str], bo
     of the cluster file and of each declared input outside the root.
     """
     root = scope.root
-    libtorch = posixpath.join(root, "libtorch")
+    libtorch = libtorch_root(root)
     recursive: set[str] = set()
     flat = {root}
     for name in top_dirs:

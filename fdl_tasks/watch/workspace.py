@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fdl_tasks.layout import PROFILE_DIR
 from fdl_tasks.run import Run
-from fdl_tasks.variants import libtorch_dir
+from fdl_tasks.variants import libtorch_dir, libtorch_root
 from fdl_tasks.watch.buildscripts import container_mounts, declared_inputs
 from fdl_tasks.watch.scope import Scope, ignored_dir, make_scope, under
 
@@ -25,7 +25,7 @@ def walk_files(top: str, root: str, limit: int | None = None) -> Iterator[str]:
     """Files under ``top`` in the workspace rooted at ``root``, at most ``limit``; a
     ``target/`` is skipped at the root or beside a ``Cargo.toml``."""
     count = 0
-    libtorch = posixpath.join(root, "libtorch")
+    libtorch = libtorch_root(root)
     for directory, dirs, files in os.walk(top):
         manifest = "Cargo.toml" in files or directory == root
         dirs[:] = [

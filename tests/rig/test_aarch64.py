@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 from elftools.elf.elffile import ELFFile
 
+from fdl_tasks.cross_targets import GNU_TARGETS
 from fdl_tasks.envelope import PerHostEnvelope, decode
-from fdl_tasks.variants import GNU_TARGETS
 from rig.cross import CROSS_REF, add_aarch64_variant, ensure
 from rig.harness import RigCluster, prebuild_args, start_rig
 from rig.project import CROSS_SERVICE, elf_machine, write_compose_file

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.backends.docker_run import docker_command
+from fdl_tasks.backends.docker_run import docker_line
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.envelope import decode
 from fdl_tasks.loader import load_cluster
@@ -238,7 +238,7 @@ def test_docker_build_as_a_non_root_user_leaves_no_root_files(rig: RigCluster) -
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     os.chown(target, 4321, 4321)
-    command = docker_command(job, cluster.controller, docker, "usertest", "4321:4321")
+    command = docker_line(job, cluster.controller, docker, "usertest", "4321:4321")
     subprocess.run(command, shell=True, check=True, capture_output=True)
     owners = {(p.stat().st_uid, p.stat().st_gid) for p in target.rglob("*")}
     assert owners == {(4321, 4321)}

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fdl_tasks.backends.compose import compose_command
+from fdl_tasks.backends.compose import compose_line
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.docker_tools import remove_containers
 from fdl_tasks.envelope import PerHostEnvelope
@@ -130,7 +130,7 @@ def test_compose_run_writes_files_as_the_invoking_user(rig: RigCluster) -> None:
     target = rig.project / job.target_dir
     target.mkdir(parents=True)
     os.chown(target, 4321, 4321)
-    command = compose_command(
+    command = compose_line(
         job, cluster.controller, compose, ["docker", "compose"], "uidtest", (4321, 4321)
     )
     done = subprocess.run(command, shell=True, capture_output=True, text=True, check=False)

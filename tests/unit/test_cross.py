@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.backends.compose import compose_command
-from fdl_tasks.backends.docker_run import docker_command
-from fdl_tasks.backends.native import native_command
+from fdl_tasks.backends.compose import compose_line
+from fdl_tasks.backends.docker_run import docker_line
+from fdl_tasks.backends.native import native_line
 from fdl_tasks.binary_check import RemoteCopy, delivery_problems, elf_machine
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.errors import FdlError
@@ -79,7 +79,7 @@ def test_docker_cross_build_uses_its_image_target_and_linker() -> None:
     c = cluster(docker, cross)
     assert isinstance(c.controller.docker, DockerSettings)
     arm = next(j for j in plan(c, BOTH) if j.spec.cross)
-    argv = shlex.split(docker_command(arm, c.controller, c.controller.docker, "r", None))
+    argv = shlex.split(docker_line(arm, c.controller, c.controller.docker, "r", None))
     assert "flodl-cross-arm64:12.8" in argv
     assert "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc" in argv
     assert "CXX_aarch64_unknown_linux_gnu=aarch64-linux-g++" not in argv
@@ -90,13 +90,13 @@ def test_docker_cross_build_uses_its_image_target_and_linker() -> None:
 def test_native_and_compose_cross_builds() -> None:
     c = cluster(cross={"aarch64": {"linker": "/opt/gcc/bin/aarch64-gcc"}})
     arm = next(j for j in plan(c, BOTH) if j.spec.cross)
-    native = shlex.split(native_command(arm, c.controller).split(" && exec ")[1])
+    native = shlex.split(native_line(arm, c.controller).split(" && exec ")[1])
     assert "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=/opt/gcc/bin/aarch64-gcc" in native
     assert native[-4:] == ["--target", ARM, "--bin", "bench"]
     composed = cluster("cuda", {"aarch64": {"service": "cuda-arm64"}})
     assert isinstance(composed.controller.docker, ComposeService)
     arm = next(j for j in plan(composed, BOTH) if j.spec.cross)
-    line = compose_command(
+    line = compose_line(
         arm, composed.controller, composed.controller.docker, ["docker", "compose"], "r", (0, 0)
     )
     argv = shlex.split(line.split(" && exec ")[1])
@@ -181,11 +181,9 @@ def test_a_cross_setup_may_replace_the_run_args_and_env() -> None:
     assert isinstance(c.controller.docker, DockerSettings)
     jobs = {j.hosts: j for j in plan(c, BOTH)}
     arm = shlex.split(
-        docker_command(jobs[("gh200", "spark")], c.controller, c.controller.docker, "r", None)
+        docker_line(jobs[("gh200", "spark")], c.controller, c.controller.docker, "r", None)
     )
-    native = shlex.split(
-        docker_command(jobs[("x1",)], c.controller, c.controller.docker, "r", None)
-    )
+    native = shlex.split(docker_line(jobs[("x1",)], c.controller, c.controller.docker, "r", None))
     assert "--volume=/rust:/rust:ro" in native and "PATH=/rust" in native
     assert "--volume=/rust:/rust:ro" not in arm and "PATH=/rust" not in arm
     assert "CARGO_HOME=/tmp/c" in arm

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.backends.compose import compose_command
-from fdl_tasks.backends.docker_run import docker_command
-from fdl_tasks.backends.native import native_command
+from fdl_tasks.backends.compose import compose_line
+from fdl_tasks.backends.docker_run import docker_line
+from fdl_tasks.backends.native import native_line
 from fdl_tasks.build_plan import plan_builds, resolve_image
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
@@ -75,7 +75,7 @@ def test_docker_command_is_quoted_and_complete() -> None:
     )
     assert isinstance(c.controller.docker, DockerSettings)
     job = plan_builds(c.workers, c.controller, "bench", "ddp-bench", False)[0]
-    argv = shlex.split(docker_command(job, c.controller, c.controller.docker, "r1", "1000:1000"))
+    argv = shlex.split(docker_line(job, c.controller, c.controller.docker, "r1", "1000:1000"))
     assert argv[:3] == ["docker", "run", "--rm"]
     assert argv[argv.index("--label") : argv.index("--label") + 2] == [
         "--label",
@@ -104,7 +104,7 @@ def test_docker_command_is_quoted_and_complete() -> None:
 def test_native_command() -> None:
     c = cluster({"a": "precompiled/cpu"})
     job = plan_builds(c.workers, c.controller, "bench", "", False)[0]
-    command = native_command(job, c.controller)
+    command = native_line(job, c.controller)
     assert command == (
         "cd '/srv/my proj' && exec setsid env "
         "'LIBTORCH_PATH=/srv/my proj/libtorch/precompiled/cpu' "
@@ -130,9 +130,7 @@ def compose_job(arch: str) -> tuple[list[str], dict[str, str], Cluster]:
     )
     assert isinstance(c.controller.docker, ComposeService)
     job = plan_builds(c.workers, c.controller, "ddp-bench", "ddp-bench", False)[0]
-    line = compose_command(
-        job, c.controller, c.controller.docker, ["docker", "compose"], "r1", (7, 8)
-    )
+    line = compose_line(job, c.controller, c.controller.docker, ["docker", "compose"], "r1", (7, 8))
     prefix, _, rest = line.partition(" && exec ")
     assert prefix == "cd /srv/proj"  # flodl runs compose from the project root
     argv = shlex.split(rest)
@@ -183,7 +181,7 @@ def test_compose_v1_is_the_same_command() -> None:
     c = compose_job("precompiled/cu128")[2]
     assert isinstance(c.controller.docker, ComposeService)
     job = plan_builds(c.workers, c.controller, "ddp-bench", "ddp-bench", False)[0]
-    v1 = compose_command(job, c.controller, c.controller.docker, ["docker-compose"], "r1", (7, 8))
+    v1 = compose_line(job, c.controller, c.controller.docker, ["docker-compose"], "r1", (7, 8))
     assert " docker-compose run --rm -T " in v1
 
 

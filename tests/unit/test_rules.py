@@ -10,15 +10,8 @@ from fdl_tasks.layout import arch_slug
 from fdl_tasks.layout import host_binary as binary_path
 from fdl_tasks.layout import host_dir as target_dir
 from fdl_tasks.loader import parse_cluster
-from fdl_tasks.variants import (
-    arch_cuda,
-    cargo_features,
-    check_command,
-    check_crate_dir,
-    controller_label,
-    remote_workers,
-    require_arch,
-)
+from fdl_tasks.names import check_command, check_crate_dir, controller_label, remote_workers
+from fdl_tasks.variants import arch_cuda, cargo_features, require_arch
 
 
 @pytest.mark.parametrize(

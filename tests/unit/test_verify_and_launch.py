@@ -17,11 +17,11 @@ from fdl_tasks.binary_check import (
 )
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.launch import check_envelopes, launch_command
+from fdl_tasks.launch import check_envelopes, launch_line
 from fdl_tasks.model import SshSettings, Worker
+from fdl_tasks.names import split_ssh_option
 from fdl_tasks.settings import Settings
 from fdl_tasks.sshconfig import ssh_config_block
-from fdl_tasks.variants import split_ssh_option
 
 
 def test_required_glibc_reads_a_real_elf() -> None:
@@ -75,7 +75,7 @@ def test_launch_command_orders_env_and_quotes() -> None:
     entry = PerHostEnvelope(
         "target/x/release/bench", "/mnt/p/libtorch/precompiled/cu128/lib", "ddp-bench"
     )
-    lines = launch_command(WORKER, entry, {"X": "cluster", "Y": "c"}, ["--a", "b c"]).splitlines()
+    lines = launch_line(WORKER, entry, {"X": "cluster", "Y": "c"}, ["--a", "b c"]).splitlines()
     assert lines[0] == "cd /mnt/p/ddp-bench || exit 1"
     assert shlex.split(lines[1]) == [
         "export",
@@ -90,9 +90,9 @@ def test_launch_command_orders_env_and_quotes() -> None:
 def test_worker_library_path_is_used_as_given() -> None:
     """flodl's rule: an explicit LD_LIBRARY_PATH in a worker's or the cluster's env wins."""
     worker = Worker("b", "/p", env={"LD_LIBRARY_PATH": "/usr/local/lib"})
-    command = launch_command(worker, PerHostEnvelope("bin", "/p/lib"), {}, [])
+    command = launch_line(worker, PerHostEnvelope("bin", "/p/lib"), {}, [])
     assert "export LD_LIBRARY_PATH=/usr/local/lib\n" in command and "/p/lib" not in command
-    from_cluster = launch_command(
+    from_cluster = launch_line(
         Worker("b", "/p"), PerHostEnvelope("bin", "/p/lib"), {"LD_LIBRARY_PATH": "/c"}, []
     )
     assert "export LD_LIBRARY_PATH=/c\n" in from_cluster

@@ -27,7 +27,8 @@ from hypothesis.control import currently_in_test_context
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import Cluster
-from fdl_tasks.variants import cargo_features, check_command, check_crate_dir
+from fdl_tasks.names import check_command, check_crate_dir
+from fdl_tasks.variants import cargo_features
 
 T = TypeVar("T")
 

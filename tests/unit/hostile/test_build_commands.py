@@ -15,12 +15,13 @@ import attrs
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
-from fdl_tasks.backends.compose import compose_command
-from fdl_tasks.backends.docker_run import docker_command
-from fdl_tasks.backends.native import native_command
+from fdl_tasks.backends.compose import compose_line
+from fdl_tasks.backends.docker_run import docker_line
+from fdl_tasks.backends.native import native_line
 from fdl_tasks.build_plan import BuildJob, plan_builds
 from fdl_tasks.model import ComposeService, DockerSettings
-from fdl_tasks.variants import arch_cuda, join_path
+from fdl_tasks.names import join_path
+from fdl_tasks.variants import arch_cuda
 from tests.unit.hostile.conftest import (
     cargo_tail,
     checked_command,
@@ -79,7 +80,7 @@ def test_native_command_shell_sees_every_value_as_one_word(
             reject()  # refused cleanly (checked): draw an example that reaches the shell
         os.makedirs(join_path(path, crate_dir), exist_ok=True)
         (job,) = plan_builds(cluster.workers, cluster.controller, name, crate_dir, shared)
-        calls, _ = box.run(native_command(job, cluster.controller))
+        calls, _ = box.run(native_line(job, cluster.controller))
         base = path.rstrip("/")
         libtorch, target = f"{base}/libtorch/{arch}", f"{base}/{job.target_dir}"
         cwd = os.path.realpath(join_path(path, crate_dir))
@@ -153,7 +154,7 @@ def test_docker_command_argv_is_exactly_the_raw_values(
         assert isinstance(cluster.controller.docker, DockerSettings)
         (job,) = plan_builds(cluster.workers, cluster.controller, name, crate_dir, True)
         calls, _ = box.run(
-            docker_command(job, cluster.controller, cluster.controller.docker, "r1", user)
+            docker_line(job, cluster.controller, cluster.controller.docker, "r1", user)
         )
         cuda = arch_cuda(arch)
         version = cuda.tag if cuda else "12.8"
@@ -234,9 +235,7 @@ def test_compose_command_and_its_inner_script_see_every_value_as_one_word(
         workspace = str(box.root / "workspace")
         os.makedirs(join_path(workspace, crate_dir), exist_ok=True)
         mounted = attrs.evolve(compose, workspace=workspace)
-        calls, _ = box.run(
-            compose_command(job, cluster.controller, mounted, compose_argv, "r1", ids)
-        )
+        calls, _ = box.run(compose_line(job, cluster.controller, mounted, compose_argv, "r1", ids))
         root = os.path.realpath(path)
         assert [(c.name, c.cwd) for c in calls] == [("env", root), (compose_argv[0], root)]
         started = calls[1]

@@ -18,8 +18,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.launch import launch_command
-from fdl_tasks.variants import join_path
+from fdl_tasks.launch import launch_line
+from fdl_tasks.names import join_path
 from tests.unit.hostile.conftest import (
     Call,
     Sandbox,
@@ -114,7 +114,7 @@ def check_launch(
     entry = PerHostEnvelope.for_worker(worker, name, crate_dir)
     binary = host_binary(path, label, arch, name)
     box.install(binary)
-    calls, _ = box.run(launch_command(worker, entry, cluster.env, args), bin_dir=bin_dir)
+    calls, _ = box.run(launch_line(worker, entry, cluster.env, args), bin_dir=bin_dir)
 
     # Nothing but the binary and the orphan clearing ran: no env(1), no stray command.
     pattern = calls[0].argv[-1] if mode != "absent" else ""
