@@ -214,9 +214,13 @@ def test_the_file_watch_sees_a_save_right_after_its_first_look(tree: Path, polli
             arrived.set()
 
     plan = WatchPlan((str(tree / "src"),), ())
-    watch = FileWatch(
-        plan, polling, deliver, lambda e: None, lambda p, last: scan(p, s, last, time.time_ns())
-    )
+
+    def slow_first_look(p: WatchPlan, last: Snapshot | None) -> Snapshot:
+        if last is None:
+            time.sleep(0.3)  # a big tree: the first look takes a while
+        return scan(p, s, last, time.time_ns())
+
+    watch = FileWatch(plan, polling, deliver, lambda e: None, slow_first_look)
     main.write_text("a\n")
     watch.start().wait_ready()
     try:
