@@ -32,6 +32,7 @@ from fdl_tasks.watch.lines import (
     verified_text,
 )
 from fdl_tasks.watch.scope import Kind, Scope
+from fdl_tasks.watch.snapshot import Entry
 from fdl_tasks.watch.watcher import Watcher
 from fdl_tasks.watch.workspace import package_dirs, survey
 
@@ -47,7 +48,9 @@ class Session:
         self.cluster_file = posixpath.normpath(os.path.abspath(run.settings.cluster_file))
         self.cycle = 0
         self.last_ok: bool | None = None
-        self.snapshot: float | None = None
+        #: The last cycle's stamp (ns), and the files changed at or after it as it saw them.
+        self.stamp_ns: int | None = None
+        self.seen: dict[str, Entry] = {}
         #: The cluster file changed: re-read it, then preflight again.
         self.reload = False
         self.probe = True
@@ -77,7 +80,9 @@ class Session:
         state, queued = self.watcher.status()
         if state == "idle" and self.last_ok is False:
             state = "failed"
-        self.state_file.write(state, queued, self.cycle, self.snapshot, self.watcher.scope)
+        self.state_file.write(
+            state, queued, self.cycle, self.stamp_ns, self.seen, self.watcher.scope
+        )
 
     def reload_cluster(self) -> None:
         cluster = load_cluster(self.run.settings.cluster_file)
@@ -106,7 +111,8 @@ class Session:
         self.cycle += 1
         first = self.cycle == 1
         started = time.monotonic()
-        self.snapshot = touch_stamp(self.files)
+        self.stamp_ns = touch_stamp(self.files)
+        self.seen = self.watcher.checkpoint(self.stamp_ns)
         self.write_state()
         what = "initial prebuild" if first else describe_changes(batch, self.root)
         if Kind.CLUSTER in batch.values():
@@ -154,8 +160,8 @@ class Session:
             self.run_cycle(batch)
             self.watcher.scope = self.survey()
             self.watcher.finish()
+            self.watcher.rewatch(catch_up=True)  # what changed unwatched is pending now
             self.write_state()
-            self.watcher.rewatch()
             batch = self.watcher.next_batch()
 
     def stopped_message(self) -> str:
