@@ -16,7 +16,7 @@ import attrs
 
 from fdl_tasks import pipeline
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, published_path
-from fdl_tasks.errors import FdlError, Stopped
+from fdl_tasks.errors import FdlError, Stopped, StoppedLeftRunning
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.run import Run
@@ -190,8 +190,10 @@ def watch_and_rebuild(run: Run, command: str, crate: str, *, as_json: bool = Fal
         with sigterm_as_interrupt():
             session = Session(run, command, crate, as_json)
             session.serve()
-    except (KeyboardInterrupt, Stopped):
+    except (KeyboardInterrupt, Stopped) as exc:
         message = session.stopped_message() if session else "watch stopped before its first cycle"
+        if isinstance(exc, StoppedLeftRunning):  # not a clean stop: keep what was left, exit 3
+            raise StoppedLeftRunning(f"{message}\n{exc}") from None
         raise Stopped(message) from None
     finally:
         if session is not None:
