@@ -14,6 +14,7 @@ import attrs
 import yaml
 
 import fdl_tasks.copy_plan  # noqa: F401 - registers the delivery mode's value check
+from fdl_tasks.auto_arch import AUTO
 from fdl_tasks.converter import structure
 from fdl_tasks.dist import check_dist  # also registers controller.dist's value checks
 from fdl_tasks.errors import FdlError
@@ -62,6 +63,13 @@ def parse_cluster(data: object, source: str) -> Cluster:
                 f"workers[{seen[worker.host]}]."
             )
         seen[worker.host] = index
+        if worker.arch == AUTO and worker.delivery == "copy":
+            raise FdlError(
+                f"{source} is not a valid cluster file: workers[{index}].arch: 'auto' is "
+                f"chosen among the controller's variants, but {worker.host!r} is a copy host, "
+                "which must already hold its variant: name it (e.g. arch: precompiled/cu128) "
+                "and put it there with inv push-libtorch."
+            )
     return cluster
 
 
