@@ -43,19 +43,18 @@ BLOCK = 1 << 20
 
 @attrs.frozen(kw_only=True)
 class Copies:
-    """Bytes sent per host, hosts already current, hosts not reached, and every error."""
+    """Bytes sent per host, hosts already current, and every error (a host not reached
+    is one: the copy it holds may be stale, and an envelope would point a launcher at it)."""
 
     sent: Mapping[str, int]
     current: tuple[str, ...]
-    unreachable: Mapping[str, str]
     problems: tuple[str, ...]
 
     def summary(self) -> str:
         total = sum(self.sent.values())
         return (
             f"{len(self.sent)} host(s) sent {megabytes(total)} ({total} bytes), "
-            f"{len(self.current)} already current, {len(self.unreachable)} unreachable, "
-            f"{len(self.problems)} failed"
+            f"{len(self.current)} already current, {len(self.problems)} failed"
         )
 
 
@@ -102,14 +101,15 @@ def deliver(
     """Query every copy host at once, then upload where the bytes are missing."""
     outcomes = fleet.run({t.host: query_script(t) for t in targets}, settings.probe_timeout)
     current: list[str] = []
-    unreachable: dict[str, str] = {}
     problems: list[str] = []
     todo: list[tuple[Target, HostState]] = []
     for target in targets:
         outcome = outcomes[target.host]
         if isinstance(outcome, Failure):
-            report(f"copy: {target.host} not reached: {outcome.reason}")
-            unreachable[target.host] = outcome.reason
+            problems.append(
+                f"{target.host}: not reached ({outcome.reason}): the binary it holds cannot be "
+                "brought up to date; bring the host back, or take it out of the cluster file"
+            )
             continue
         state = parse_state(outcome.stdout)
         if state is None:
@@ -152,9 +152,7 @@ def deliver(
                 raise Stopped(
                     "copy stopped; temporary files removed where the host was reachable"
                 ) from None
-    return Copies(
-        sent=sent, current=tuple(current), unreachable=unreachable, problems=tuple(problems)
-    )
+    return Copies(sent=sent, current=tuple(current), problems=tuple(problems))
 
 
 def _send(

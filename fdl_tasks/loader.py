@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import yaml
 
+from fdl_tasks.auto_arch import AUTO
 from fdl_tasks.converter import structure
 from fdl_tasks.cross_targets import GNU_TARGETS
 from fdl_tasks.dist import check_dist
@@ -62,6 +63,13 @@ def parse_cluster(data: object, source: str) -> Cluster:
                 f"workers[{seen[worker.host]}]."
             )
         seen[worker.host] = index
+        if worker.arch == AUTO and worker.delivery == "copy":
+            raise FdlError(
+                f"{source} is not a valid cluster file: workers[{index}].arch: 'auto' is "
+                f"chosen among the controller's variants, but {worker.host!r} is a copy host, "
+                "which must already hold its variant: name it (e.g. arch: precompiled/cu128) "
+                "and put it there with inv push-libtorch."
+            )
     return cluster
 
 

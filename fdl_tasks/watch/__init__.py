@@ -14,11 +14,16 @@ a cycle whenever a file the build depends on changes:
 - when (:mod:`.debounce`): a burst of saves is one cycle once the tree is
   quiet for ``fdl.watch_debounce`` seconds; saves during a cycle queue exactly
   one more after it; a cycle in progress is never cut short;
-- how (:mod:`.plan`, :mod:`.polling`, :mod:`.filewatch`): ``watchfiles``
-  (inotify) over the workspace but ``target/``, or its polling where inotify
-  cannot see other hosts' writes (the project root on NFS, SMB, 9p, virtiofs,
-  a FUSE mount such as sshfs or an S3 bucket; detected from
-  ``/proc/self/mountinfo``) or when ``fdl.watch_polling`` says so.
+- how (:mod:`.plan`, :mod:`.polling`, :mod:`.filewatch`): inotify
+  (``watchfiles``) over the workspace but ``target/``, or our own polling
+  (:mod:`.scan`, :mod:`.snapshot`: ns mtime and ctime, size, inode, and the
+  content of files whose stat is too recent to trust) where inotify cannot see
+  other hosts' writes (the project root on NFS, SMB, 9p, virtiofs, a FUSE
+  mount such as sshfs or an S3 bucket; detected from ``/proc/self/mountinfo``)
+  or when ``fdl.watch_polling`` says so;
+- nothing missed (:mod:`.watcher`): each cycle starts with a look at the tree,
+  compared again after the cycle and after every new watcher is in place;
+  what differs joins the pending batch.
 
 Each cycle (:mod:`.session`) is :func:`fdl_tasks.pipeline.prebuild`, so every
 guarantee holds: a failed cycle has withdrawn the envelope and prints every
@@ -29,11 +34,13 @@ envelope or none, and no build container.
 ``inv launch`` asks :func:`wait_for_watch` (:mod:`.launchwait`) first: while a
 cycle is pending or building (state in ``target/cluster/_watch/<command>.json``,
 the watcher's liveness from a lock it holds, :mod:`.files`), or a watched file
-is newer than the last cycle's start, it waits, boundedly, for the new envelope.
+changed after the last cycle's start (to the nanosecond; a tie with the stamp
+counts unless the file is as that cycle's first look saw it), it waits,
+boundedly, for the new envelope.
 
-Pure modules (no I/O): scope, buildscripts, plan, polling, debounce, lines.
-Thin I/O modules: workspace (the walk), files (state, lock), filewatch and
-watcher (watchfiles threads), session (the loop), launchwait.
+Pure modules (no I/O): scope, buildscripts, plan, polling, snapshot, debounce,
+lines. Thin I/O modules: workspace and scan (the walks), files (state, lock),
+filewatch and watcher (the watcher threads), session (the loop), launchwait.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 mount: these files are all it knows of the watcher. The state says what the
 watcher does (written atomically); the lock, held for the watcher's life,
 says whether it still lives; the stamp's mtime is the file system's clock
-when a cycle started, comparable with the sources' mtimes.
+when a cycle started, comparable with the sources' mtimes and ctimes, to the
+nanosecond.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fdl_tasks.layout import WATCH_DIR
 from fdl_tasks.locks import FileLock, create_lock
 from fdl_tasks.reporting import Report, Severity
 from fdl_tasks.watch.scope import Scope
+from fdl_tasks.watch.snapshot import Entry
 
 
 @attrs.frozen
@@ -74,19 +76,27 @@ class StateFile:
         self._failed = False
 
     def write(
-        self, state: str, queued: bool, cycle: int, snapshot: float | None, scope: Scope
+        self,
+        state: str,
+        queued: bool,
+        cycle: int,
+        stamp_ns: int | None,
+        seen: Mapping[str, Entry],
+        scope: Scope,
     ) -> None:
         """What the watcher does: ``state`` is ``idle``, ``pending``, ``building`` or
-        ``failed`` (idle after a failed cycle); ``snapshot``: the last cycle's stamp."""
+        ``failed`` (idle after a failed cycle); ``stamp_ns``: the last cycle's stamp;
+        ``seen``: the files changed at or after it, as the cycle saw them."""
         data = {
-            "version": 1,
+            "version": 2,
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "command": self.files.command,
             "state": state,
             "queued": queued,
             "cycle": cycle,
-            "snapshot": snapshot,
+            "stamp_ns": stamp_ns,
+            "seen": {path: entry.to_json() for path, entry in sorted(seen.items())},
             "scope": scope.to_json(),
         }
         text = json.dumps(data, sort_keys=True)
@@ -113,12 +123,12 @@ class StateFile:
                 partial.unlink()
 
 
-def touch_stamp(files: WatchFiles) -> float | None:
-    """The file system's time now (its clock stamps the sources' mtimes too)."""
+def touch_stamp(files: WatchFiles) -> int | None:
+    """The file system's time now, in ns (its clock stamps the sources' times too)."""
     try:
         files.stamp.touch()
         os.utime(files.stamp, None)
-        return files.stamp.stat().st_mtime
+        return files.stamp.stat().st_mtime_ns
     except OSError:
         return None
 

@@ -1,8 +1,14 @@
-"""``watchfiles`` over a :class:`~fdl_tasks.watch.plan.WatchPlan`, and how it watches.
+"""The file watcher over a :class:`~fdl_tasks.watch.plan.WatchPlan`, and how it watches.
 
 Thin: threads that hand every batch of raw file events on, the file system
 questions that sort them (is a new path a directory, what moved in with it),
 and the mount table read to choose between inotify and polling.
+
+inotify is ``watchfiles``' (its ``RustNotify``, used directly: it returns once
+the watches are in place, which ``watchfiles.watch`` never says). Polling is
+ours (:mod:`.scan`, :mod:`.snapshot`): ``watchfiles``' poller compares mtimes
+to the second, so a save in the same second as the file's previous write went
+unseen for good.
 """
 
 from __future__ import annotations
@@ -13,23 +19,31 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import watchfiles
+from watchfiles._rust_notify import RustNotify
 
 from fdl_tasks.watch.plan import WatchPlan
 from fdl_tasks.watch.polling import POLL_MS, mount_fstype, polling_choice
 from fdl_tasks.watch.scope import Kind, Scope, gone_directory
+from fdl_tasks.watch.snapshot import Snapshot, diff, settled
 from fdl_tasks.watch.workspace import walk_files
 
 Changes = set[tuple[watchfiles.Change, str]]
-#: watchfiles: a batch ends after this many ms without events, at the latest after _GROUP_MS.
+#: A look at the plan's tree: the last look in (``None``: the first), the new one out.
+Look = Callable[[WatchPlan, Snapshot | None], Snapshot]
+#: inotify: a batch ends after this many ms without events, at the latest after _GROUP_MS.
 _STEP_MS = 50
 _GROUP_MS = 400
 #: Files of a directory that appears at once (moved in) examined at most.
 _NEW_DIR_FILES = 5000
+#: How long a new watcher may take to be in place before the old one stops anyway (s).
+_READY_TIMEOUT = 30.0
 
 
 class FileWatch:
-    """A thread for the plan's trees, one for the directories watched alone; every
-    batch goes to ``deliver``, a thread's end (not asked for) to ``failed``."""
+    """inotify: a thread for the plan's trees, one for the directories watched alone;
+    polling: one thread for both. Every batch goes to ``deliver``, a thread's end
+    (not asked for) to ``failed``; :meth:`wait_ready` returns once every thread
+    watches (the first look taken, or the inotify watches set)."""
 
     def __init__(
         self,
@@ -37,45 +51,68 @@ class FileWatch:
         polling: bool,
         deliver: Callable[[Changes], None],
         failed: Callable[[BaseException], None],
+        look: Look,
     ) -> None:
         self.plan, self.polling = plan, polling
-        self._deliver, self._failed = deliver, failed
+        self._deliver, self._failed, self._look = deliver, failed, look
         self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(
-                target=self._watch, args=(paths, recursive), daemon=True, name="fdl-watch"
-            )
-            for paths, recursive in ((plan.recursive, True), (plan.flat, False))
-            if paths
-        ]
+        self._threads: list[tuple[threading.Thread, threading.Event]] = []
+        if polling:
+            self._add(self._poll, ())
+        else:
+            for paths, recursive in ((plan.recursive, True), (plan.flat, False)):
+                if paths:
+                    self._add(self._notify, (paths, recursive))
+
+    def _add(self, target: Callable[..., None], args: tuple[object, ...]) -> None:
+        ready = threading.Event()
+        thread = threading.Thread(target=target, args=(*args, ready), daemon=True, name="fdl-watch")
+        self._threads.append((thread, ready))
 
     def start(self) -> FileWatch:
-        for thread in self._threads:
+        for thread, _ in self._threads:
             thread.start()
         return self
 
-    def _watch(self, paths: Sequence[str], recursive: bool) -> None:
+    def wait_ready(self) -> None:
+        for _, ready in self._threads:
+            ready.wait(_READY_TIMEOUT)
+
+    def _notify(self, paths: Sequence[str], recursive: bool, ready: threading.Event) -> None:
         try:
-            for changes in watchfiles.watch(
-                *paths,
-                watch_filter=None,
-                debounce=_GROUP_MS,
-                step=_STEP_MS,
-                stop_event=self._stop,
-                recursive=recursive,
-                force_polling=True if self.polling else None,
-                poll_delay_ms=POLL_MS,
-                raise_interrupt=False,
-                ignore_permission_denied=True,
-            ):
-                self._deliver(changes)
+            with RustNotify(list(paths), False, False, POLL_MS, recursive, True) as notify:
+                ready.set()
+                while not self._stop.is_set():
+                    raw = notify.watch(_GROUP_MS, _STEP_MS, 1000, self._stop)
+                    if raw == "stop":
+                        return
+                    if isinstance(raw, set) and raw:
+                        self._deliver({(watchfiles.Change(c), path) for c, path in raw})
         except Exception as exc:
             if not self._stop.is_set():
                 self._failed(exc)
+        finally:
+            ready.set()
+
+    def _poll(self, ready: threading.Event) -> None:
+        try:
+            last = settled(self._look(self.plan, None))
+            ready.set()
+            while not self._stop.wait(POLL_MS / 1000):
+                now = self._look(self.plan, last)
+                changes = diff(last, now)
+                last = settled(now)
+                if changes:
+                    self._deliver(changes)
+        except Exception as exc:
+            if not self._stop.is_set():
+                self._failed(exc)
+        finally:
+            ready.set()
 
     def stop(self) -> None:
         self._stop.set()
-        for thread in self._threads:
+        for thread, _ in self._threads:
             if thread.is_alive():
                 thread.join(timeout=5)
 

@@ -1,12 +1,18 @@
 """``inv launch`` waits for a running ``prebuild --watch`` to publish what the sources say.
 
-Thin: reads the watcher's state file and lock, and the mtimes of the files
+Thin: reads the watcher's state file and lock, and the stats of the files
 its scope counts (a save the watcher has not seen yet, on a mount whose
-events are slow or missing, must not launch the binary it replaces).
+events are slow or missing, must not launch the binary it replaces). A file
+changed (mtime or ctime, to the nanosecond) before the last cycle's stamp was
+seen by it; one changed at or after the stamp was seen only if it is still
+as the cycle's first look recorded it (content compared where that look's
+stat was racy): on a mount that keeps seconds, a tie with the stamp says
+nothing about which came first.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,8 +22,10 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.reporting import Report
 from fdl_tasks.watch.files import WatchFiles, read_state, watcher_alive
 from fdl_tasks.watch.lines import busy_reason, shown
+from fdl_tasks.watch.scan import digest, entry_of
 from fdl_tasks.watch.scope import Scope
-from fdl_tasks.watch.workspace import newest_change
+from fdl_tasks.watch.snapshot import Entry, unseen
+from fdl_tasks.watch.workspace import scope_files
 
 #: How long a change newer than the last cycle may stay unseen by the watcher (s).
 UNSEEN_GRACE = 10.0
@@ -80,15 +88,26 @@ def wait_for_watch(root: Path, command: str, timeout: float, report: Report) -> 
 
 
 def _unseen_change(state: Mapping[str, Any]) -> str | None:
-    """A watched file newer than the last cycle's start (shown relative to the root)."""
-    snapshot = state.get("snapshot")
+    """A watched file the last cycle may not have seen (shown relative to the root)."""
+    stamp_ns = state.get("stamp_ns")
     try:
         scope = Scope.from_json(state.get("scope") or {})
-    except ValueError:
+        raw = state.get("seen") or {}
+        seen = {str(p): Entry.from_json(e) for p, e in dict(raw).items()}
+    except (ValueError, TypeError):
         return None
-    if not isinstance(snapshot, int | float):
+    if not isinstance(stamp_ns, int) or isinstance(stamp_ns, bool):
         return None
-    newest = newest_change(scope)
-    if newest is None or newest[0] <= snapshot:
-        return None
-    return shown(newest[1], scope.root)
+    for path in scope_files(scope):
+        if scope.classify(path) is None:
+            continue
+        try:
+            now = entry_of(os.stat(path))
+        except OSError:
+            continue
+        verdict = unseen(seen, path, now, stamp_ns)
+        if verdict is None:  # a racy stat at the cycle's start: the content tells
+            verdict = digest(path) != seen[path].digest
+        if verdict:
+            return shown(path, scope.root)
+    return None

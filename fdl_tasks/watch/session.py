@@ -16,7 +16,7 @@ import attrs
 
 from fdl_tasks import pipeline
 from fdl_tasks.envelope import hand_over, published_path
-from fdl_tasks.errors import FdlError, Stopped
+from fdl_tasks.errors import FdlError, Stopped, StoppedLeftRunning
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.reporting import Severity
@@ -32,6 +32,7 @@ from fdl_tasks.watch.lines import (
     verified_text,
 )
 from fdl_tasks.watch.scope import Kind, Scope
+from fdl_tasks.watch.snapshot import Entry
 from fdl_tasks.watch.watcher import Watcher
 from fdl_tasks.watch.workspace import package_dirs, survey
 
@@ -47,7 +48,9 @@ class Session:
         self.cluster_file = posixpath.normpath(os.path.abspath(run.settings.cluster_file))
         self.cycle = 0
         self.last_ok: bool | None = None
-        self.snapshot: float | None = None
+        #: The last cycle's stamp (ns), and the files changed at or after it as it saw them.
+        self.stamp_ns: int | None = None
+        self.seen: dict[str, Entry] = {}
         #: The cluster file changed: re-read it, then preflight again.
         self.reload = False
         self.probe = True
@@ -77,7 +80,9 @@ class Session:
         state, queued = self.watcher.status()
         if state == "idle" and self.last_ok is False:
             state = "failed"
-        self.state_file.write(state, queued, self.cycle, self.snapshot, self.watcher.scope)
+        self.state_file.write(
+            state, queued, self.cycle, self.stamp_ns, self.seen, self.watcher.scope
+        )
 
     def reload_cluster(self) -> None:
         cluster = load_cluster(self.run.settings.cluster_file)
@@ -107,7 +112,8 @@ class Session:
         self.cycle += 1
         first = self.cycle == 1
         started = time.monotonic()
-        self.snapshot = touch_stamp(self.files)
+        self.stamp_ns = touch_stamp(self.files)
+        self.seen = self.watcher.checkpoint(self.stamp_ns)
         self.write_state()
         what = "initial prebuild" if first else describe_changes(batch, self.root)
         if Kind.CLUSTER in batch.values():
@@ -155,8 +161,8 @@ class Session:
             self.run_cycle(batch)
             self.watcher.scope = self.survey()
             self.watcher.finish()
+            self.watcher.rewatch(catch_up=True)  # what changed unwatched is pending now
             self.write_state()
-            self.watcher.rewatch()
             batch = self.watcher.next_batch()
 
     def stopped_message(self) -> str:
@@ -185,8 +191,10 @@ def watch_and_rebuild(run: Run, command: str, crate: str, *, as_json: bool = Fal
         with sigterm_as_interrupt():
             session = Session(run, command, crate, as_json)
             session.serve()
-    except (KeyboardInterrupt, Stopped):
+    except (KeyboardInterrupt, Stopped) as exc:
         message = session.stopped_message() if session else "watch stopped before its first cycle"
+        if isinstance(exc, StoppedLeftRunning):  # not a clean stop: keep what was left, exit 3
+            raise StoppedLeftRunning(f"{message}\n{exc}") from None
         raise Stopped(message) from None
     finally:
         if session is not None:

@@ -4,6 +4,16 @@ Watcher threads sort each batch of events (:func:`relevant_changes`) into the
 :class:`~fdl_tasks.watch.debounce.Debouncer`; the session's thread waits for
 a due batch (:meth:`Watcher.next_batch`), and meanwhile watches again when
 the tree's directories changed or a watcher thread died.
+
+No change may fall between two watchers, or between a cycle and the watcher:
+a new watcher's first look and an old one's unsent batch, inotify watches set
+a moment after their thread starts, a thread that died. Rather than reason
+about each gap, each cycle starts with a look at the tree (:meth:`Watcher.checkpoint`,
+with the racy-content rule of :mod:`.snapshot`), and after the cycle, and after
+every new watcher is in place, the tree is compared with it
+(:meth:`Watcher.catch_up`): whatever differs from what the cycle started from
+joins the pending batch. That holds whatever a watcher missed, so it holds in
+both modes; a change the watcher also saw is merely named twice.
 """
 
 from __future__ import annotations
@@ -19,7 +29,9 @@ from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.filewatch import Changes, FileWatch, how_to_watch, relevant_changes
 from fdl_tasks.watch.plan import WatchPlan, watch_plan
 from fdl_tasks.watch.polling import POLL_MS
+from fdl_tasks.watch.scan import scan
 from fdl_tasks.watch.scope import Kind, Scope
+from fdl_tasks.watch.snapshot import Entry, Snapshot, changed_since, diff
 
 
 class Watcher:
@@ -46,6 +58,11 @@ class Watcher:
         self.failures: list[BaseException] = []
         self._said: set[str] = set()
         self._restarts = 0
+        #: The look the last cycle started from, and the file system's clock then.
+        self.baseline: Snapshot | None = None
+        self.stamp_ns: int | None = None
+        #: The file system's clock minus this host's (ns), measured at each cycle start.
+        self.offset_ns = 0
 
     def plan(self) -> WatchPlan:
         root = self.scope.root
@@ -55,16 +72,45 @@ class Watcher:
             tops = []
         return watch_plan(self.scope, tops, os.path.exists)
 
-    def rewatch(self) -> None:
-        """Watch what the plan says now; the new watcher starts before the old one stops,
-        so no change falls between them."""
+    def look(self, plan: WatchPlan, previous: Snapshot | None) -> Snapshot:
+        """The plan's tree now, with the current scope (called from poller threads too)."""
+        return scan(plan, self.scope, previous, time.time_ns() + self.offset_ns)
+
+    def rewatch(self, catch_up: bool = False) -> None:
+        """Watch what the plan says now. The new watcher is in place before the old one
+        stops; then (and with ``catch_up``) the tree is compared with the cycle's start."""
         plan = self.plan()
-        if self.watch is not None and self.watch.plan == plan:
+        if self.watch is None or self.watch.plan != plan:
+            new = FileWatch(plan, self.polling, self.deliver, self.failed, self.look)
+            old, self.watch = self.watch, new.start()
+            new.wait_ready()
+            if old is not None:
+                old.stop()
+            catch_up = True
+        if catch_up:
+            self.catch_up()
+
+    def checkpoint(self, stamp_ns: int | None) -> dict[str, Entry]:
+        """A cycle starts (``stamp_ns``: the file system's clock, ``None`` unknown): the
+        look it starts from, and the files changed at or after the stamp as it saw them
+        (launch compares those: a change at the stamp's own tick may be before or after)."""
+        if stamp_ns is not None:
+            self.offset_ns = stamp_ns - time.time_ns()
+        plan = self.watch.plan if self.watch is not None else self.plan()
+        self.baseline, self.stamp_ns = self.look(plan, None), stamp_ns
+        if stamp_ns is None:
+            return {}
+        changed = changed_since(self.baseline, stamp_ns)
+        return {p: e for p, e in changed.items() if self.scope.classify(p) is not None}
+
+    def catch_up(self) -> None:
+        """What differs from the cycle's starting look joins the pending batch."""
+        if self.baseline is None or self.watch is None:
             return
-        old, self.watch = self.watch, FileWatch(plan, self.polling, self.deliver, self.failed)
-        self.watch.start()
-        if old is not None:
-            old.stop()
+        now = self.look(self.watch.plan, self.baseline)
+        changes = diff(self.baseline, now, self.stamp_ns)
+        if changes:
+            self.deliver(changes)
 
     def deliver(self, changes: Changes) -> None:
         """A watcher thread's batch: what counts joins the pending batch."""

@@ -57,21 +57,6 @@ def scope_files(scope: Scope) -> Iterator[str]:
                 yield from (e.path for e in os.scandir(path) if e.is_file())
 
 
-def newest_change(scope: Scope) -> tuple[float, str] | None:
-    """The newest mtime among the files the scope counts, and that file."""
-    newest: tuple[float, str] | None = None
-    for path in scope_files(scope):
-        if scope.classify(path) is None:
-            continue
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError:
-            continue
-        if newest is None or mtime > newest[0]:
-            newest = (mtime, path)
-    return newest
-
-
 def package_dirs(root: str) -> dict[str, list[str]]:
     """Package name → its directories, from every ``Cargo.toml`` of the workspace."""
     found: dict[str, list[str]] = {}

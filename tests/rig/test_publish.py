@@ -147,6 +147,21 @@ def test_container_that_refuses_removal_is_named(rig: RigCluster) -> None:
 
 
 @pytest.mark.docker
+def test_watch_stopped_with_an_unremovable_container_exits_3(rig: RigCluster) -> None:
+    """The same refusal during ``--watch``'s first cycle: the watch ends as a stop that
+    was not clean (exit 3, the container named), never a plain 130."""
+    path = cluster(rig, "watched.yaml", docker=True, sleep=120)
+    run = rig.background(*prebuild_args(path, "--watch"), env={"INVOKE_FDL_COMPILE_CACHE": "0"})
+    victim, name = running_container(run)
+    with unremovable(victim):
+        run.process.send_signal(signal.SIGINT)
+        code = run.finish(timeout=60)
+        assert code == 3, run.stderr
+        assert f"remove it with docker rm -f {name}" in run.stderr
+        assert "Traceback" not in run.stderr
+
+
+@pytest.mark.docker
 def test_timed_out_build_whose_container_refuses_removal(rig: RigCluster) -> None:
     """The build's timeout expires; its container cannot be removed: the failure names it
     with the command that removes it, and exits 3, not 1."""

@@ -16,8 +16,11 @@ from fdl_tasks.copy_plan import (
     parse_state,
     query_script,
 )
+from fdl_tasks.copying import deliver
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
+from fdl_tasks.outcomes import Failure
+from fdl_tasks.settings import Settings
 from fdl_tasks.variant_plan import changed, listing_script, parse_listing
 
 
@@ -45,6 +48,16 @@ def test_unknown_delivery_is_refused_with_its_key() -> None:
     data["workers"][1]["delivery"] = "rsync"  # type: ignore[index]
     with pytest.raises(FdlError, match=r"workers\[1\]\.delivery.*'shared'.*'copy'.*'rsync'"):
         parse_cluster(data, "c.yaml")
+
+
+def test_arch_auto_on_a_copy_host_is_refused_with_the_way_out() -> None:
+    """auto picks among the controller's variants; a copy host must already hold one."""
+    data = cluster(delivery="copy")
+    data["workers"][0]["arch"] = "auto"  # type: ignore[index]
+    with pytest.raises(FdlError, match=r"workers\[0\]\.arch: 'auto'.*'a' is a copy host"):
+        parse_cluster(data, "c.yaml")
+    data["workers"][0]["delivery"] = "shared"  # type: ignore[index]
+    assert parse_cluster(data, "c.yaml").workers[0].arch == "auto"
 
 
 TARGET = Target(
@@ -137,3 +150,21 @@ def test_variant_listing_and_what_changed(tmp_path: Path) -> None:
         ["sh", "-c", listing_script(str(tmp_path / "none"))], capture_output=True, text=True
     )
     assert parse_listing(missing.stdout) == {}
+
+
+class _DownFleet:
+    """The Fleet's answer for a copy host whose sshd is gone (the ssh layer's Failure)."""
+
+    def run(self, scripts: dict[str, str], timeout: float) -> dict[str, Failure]:
+        return {host: Failure("connection refused") for host in scripts}
+
+
+def test_a_copy_host_not_reached_is_an_error_not_a_stale_entry() -> None:
+    """Its old binary would stay at the final path: publishing its entry would launch it."""
+    settings = Settings()
+    copies = deliver(_DownFleet(), [TARGET], settings, lambda line: None)  # type: ignore[arg-type]
+    assert copies.sent == {} and copies.current == ()
+    assert copies.problems == (
+        "b: not reached (connection refused): the binary it holds cannot be brought up to "
+        "date; bring the host back, or take it out of the cluster file",
+    )

@@ -31,7 +31,6 @@ from fdl_tasks.watch.lines import (
 from fdl_tasks.watch.plan import WatchPlan, watch_plan
 from fdl_tasks.watch.polling import mount_fstype, needs_polling, polling_choice
 from fdl_tasks.watch.scope import Kind, Scope, gone_directory, make_scope
-from fdl_tasks.watch.workspace import newest_change
 
 ROOT = "/srv/proj"
 CU128 = f"{ROOT}/libtorch/precompiled/cu128"
@@ -446,7 +445,7 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def write_state(project: Path, state: str, snapshot: float | None, **more: object) -> None:
+def write_state(project: Path, state: str, stamp_ns: int | None, **more: object) -> None:
     s = make_scope(str(project), str(project / "cluster.yaml"), [], [str(project)])
     data = {
         "pid": os.getpid(),
@@ -454,7 +453,7 @@ def write_state(project: Path, state: str, snapshot: float | None, **more: objec
         "state": state,
         "queued": False,
         "cycle": 2,
-        "snapshot": snapshot,
+        "stamp_ns": stamp_ns,
         "scope": s.to_json(),
         **more,
     }
@@ -469,12 +468,12 @@ def held(project: Path) -> Iterator[None]:
         yield
 
 
-def later_than_sources(project: Path) -> float:
+def later_than_sources(project: Path) -> int:
     stamp = project / "target/cluster/_watch/p.stamp"
     stamp.touch()
     future = time.time() + 5
     os.utime(stamp, (future, future))
-    return stamp.stat().st_mtime
+    return stamp.stat().st_mtime_ns
 
 
 def test_no_watcher_no_wait(project: Path) -> None:
@@ -511,8 +510,10 @@ def test_an_idle_current_watcher_lets_launch_go(project: Path, held: None) -> No
 
 
 def test_a_change_the_watcher_has_not_seen_yet_is_waited_for(project: Path, held: None) -> None:
-    write_state(project, "idle", 1000.0)  # the last cycle started long before the save
-    os.utime(project / "Cargo.toml", (900.0, 900.0))
+    stamp_ns = (project / "Cargo.toml").stat().st_ctime_ns + 1  # after Cargo.toml's last change
+    time.sleep(0.01)
+    (project / "src/main.rs").write_text("fn main() { }\n")  # then a save
+    write_state(project, "idle", stamp_ns)
     said: list[str] = []
     with pytest.raises(FdlError, match=r"src/main\.rs changed after cycle 2 started"):
         wait_for_watch(project, "p", 0.4, collect(said))
@@ -522,15 +523,6 @@ def test_a_failed_last_cycle_is_an_error(project: Path, held: None) -> None:
     write_state(project, "failed", later_than_sources(project))
     with pytest.raises(FdlError, match="failed its last cycle"):
         wait_for_watch(project, "p", 5.0, collect([]))
-
-
-def test_newest_change(project: Path) -> None:
-    s = make_scope(str(project), str(project / "cluster.yaml"), [], [str(project)])
-    os.utime(project / "src/main.rs", (2000.0, 2000.0))
-    os.utime(project / "Cargo.toml", (1000.0, 1000.0))
-    (project / "target/cluster/x.rs").write_text("")  # never counts
-    (project / "notes.txt").write_text("")
-    assert newest_change(s) == (2000.0, str(project / "src/main.rs"))
 
 
 def test_watch_files_live_under_target_cluster_watch(tmp_path: Path) -> None:
