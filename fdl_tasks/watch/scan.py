@@ -17,7 +17,7 @@ import stat
 
 import attrs
 
-from fdl_tasks.watch.plan import WatchPlan
+from fdl_tasks.watch.roots import WatchPlan
 from fdl_tasks.watch.scope import Scope, ignored_dir, under
 from fdl_tasks.watch.snapshot import Entry, Snapshot, needs_digest
 

@@ -22,7 +22,6 @@ from fdl_tasks.loader import load_cluster
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
 from fdl_tasks.watch.buildscripts import target_dirs
-from fdl_tasks.watch.files import StateFile, WatchFiles, hold_lock, touch_stamp
 from fdl_tasks.watch.lines import (
     build_labels,
     cycle_line,
@@ -33,6 +32,7 @@ from fdl_tasks.watch.lines import (
 )
 from fdl_tasks.watch.scope import Kind, Scope
 from fdl_tasks.watch.snapshot import Entry
+from fdl_tasks.watch.state_files import StateFile, WatchFiles, hold_lock, touch_stamp
 from fdl_tasks.watch.watcher import Watcher
 from fdl_tasks.watch.workspace import package_dirs, survey
 

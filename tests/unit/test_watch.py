@@ -19,7 +19,6 @@ from fdl_tasks.verification import Delivery
 from fdl_tasks.watch import wait_for_watch
 from fdl_tasks.watch.buildscripts import declared_inputs, host_path, rerun_declarations
 from fdl_tasks.watch.debounce import Debouncer
-from fdl_tasks.watch.files import WatchFiles
 from fdl_tasks.watch.lines import (
     build_labels,
     busy_reason,
@@ -28,9 +27,10 @@ from fdl_tasks.watch.lines import (
     stopped_line,
     verified_text,
 )
-from fdl_tasks.watch.plan import WatchPlan, watch_plan
 from fdl_tasks.watch.polling import mount_fstype, needs_polling, polling_choice
+from fdl_tasks.watch.roots import WatchPlan, watch_plan
 from fdl_tasks.watch.scope import Kind, Scope, gone_directory, make_scope
+from fdl_tasks.watch.state_files import WatchFiles
 
 ROOT = "/srv/proj"
 CU128 = f"{ROOT}/libtorch/precompiled/cu128"

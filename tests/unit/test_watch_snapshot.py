@@ -19,7 +19,7 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.reporting import collect
 from fdl_tasks.watch import wait_for_watch
 from fdl_tasks.watch.filewatch import Changes, FileWatch
-from fdl_tasks.watch.plan import WatchPlan
+from fdl_tasks.watch.roots import WatchPlan
 from fdl_tasks.watch.scan import digest, entry_of, scan
 from fdl_tasks.watch.scope import Scope, make_scope
 from fdl_tasks.watch.snapshot import (
