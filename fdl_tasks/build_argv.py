@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
-from fdl_tasks.build_plan import BuildJob, BuildSpec
+from fdl_tasks.build_environment import Build, BuildJob
 from fdl_tasks.cache import CONTAINER_TARGET, CompileCache
 from fdl_tasks.cross_targets import cross_env
 from fdl_tasks.model import Controller
@@ -31,16 +31,16 @@ def assignments(variables: Mapping[str, str]) -> str:
     return " ".join(f"{name}={shlex.quote(value)}" for name, value in variables.items())
 
 
-def cargo_argv(spec: BuildSpec) -> list[str]:
+def cargo_argv(build: Build) -> list[str]:
     """``cargo build --release [--features cuda] [--target T] --bin <cmd>`` (flodl's order)."""
-    features = ["--features", ",".join(spec.features)] if spec.features else []
-    target = ["--target", spec.cross.target] if spec.cross else []
-    return ["cargo", "build", "--release", *features, *target, "--bin", spec.command]
+    features = ["--features", ",".join(build.features)] if build.features else []
+    target = ["--target", build.cross.target] if build.cross else []
+    return ["cargo", "build", "--release", *features, *target, "--bin", build.command]
 
 
-def cross_variables(spec: BuildSpec) -> dict[str, str]:
+def cross_variables(build: Build) -> dict[str, str]:
     """The cross linker (and C/C++ compilers) for a cross build; none otherwise."""
-    return cross_env(spec.cross.target, spec.cross.linker) if spec.cross else {}
+    return cross_env(build.cross.target, build.cross.linker) if build.cross else {}
 
 
 def container_name(run_id: str, job: BuildJob) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from fdl_tasks.backends import Backend
-from fdl_tasks.build_plan import BuildJob
+from fdl_tasks.backends.protocol import Backend
+from fdl_tasks.build_environment import BuildJob
 from fdl_tasks.builder import Builder, JobResult, concurrency, failure_report
 from fdl_tasks.cache import CompileCache, find_cache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
@@ -40,7 +40,7 @@ def summary_lines(results: Sequence[JobResult]) -> list[str]:
         state = "FAILED" if not result.ok else "rebuilt" if result.rebuilt else "up to date"
         binary = f"sha256:{result.sha256[:8]}" if result.sha256 else "-"
         cache = result.cache.describe() if result.cache else "-"
-        arch = f"{job.spec.arch} ({job.spec.cpu_arch})" if job.spec.cpu_arch else job.spec.arch
+        arch = f"{job.build.arch} ({job.build.cpu_arch})" if job.build.cpu_arch else job.build.arch
         seconds = f"{result.seconds:.1f}"
         rows += [(host, arch, build, state, seconds, binary, cache) for host in job.hosts]
     lines = format_table(rows)

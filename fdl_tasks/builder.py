@@ -24,9 +24,9 @@ import attrs
 from invoke.context import Context
 
 from fdl_tasks.atomic_files import copy_atomically, log_tail
-from fdl_tasks.backends import Backend
+from fdl_tasks.backends.protocol import Backend
 from fdl_tasks.binary_check import file_sha256
-from fdl_tasks.build_plan import BuildJob
+from fdl_tasks.build_environment import BuildJob
 from fdl_tasks.cache import CompileCache
 from fdl_tasks.cache_stats import CacheStats, read_stats
 from fdl_tasks.console import PrefixedLines, StatusBoard
@@ -144,7 +144,7 @@ class Builder:
 
     def run_one(self, job: BuildJob) -> JobResult:
         started = time.monotonic()
-        lib = Path(libtorch_dir(str(self.root), job.spec.arch)) / "lib"
+        lib = Path(libtorch_dir(str(self.root), job.build.arch)) / "lib"
         if not lib.is_dir():
             result = JobResult(
                 job=job,
@@ -171,7 +171,7 @@ class Builder:
         same slug (``a/b-c`` and ``a-b/c``) is wiped, since cargo cannot see the swap."""
         target = self.root / job.target_dir
         marker = target / MARKER_FILE
-        key = job.spec.key
+        key = job.build.environment.key
         if marker.is_file() and _marked_arch(marker) != key.arch:
             shutil.rmtree(target)
         target.mkdir(parents=True, exist_ok=True)
@@ -272,9 +272,9 @@ def failure_report(result: JobResult, root: str) -> str:
     lines = [
         f"build {job.name} for {', '.join(job.hosts)} failed: {result.detail}",
         f"  exit code:  {result.exit_code if result.exit_code is not None else '-'}",
-        f"  libtorch:   {libtorch_dir(root, job.spec.arch)}",
+        f"  libtorch:   {libtorch_dir(root, job.build.arch)}",
         f"  target dir: {join_path(root, job.target_dir)}",
-        f"  features:   {','.join(job.spec.features) or '(none)'}",
+        f"  features:   {','.join(job.build.features) or '(none)'}",
     ]
     if (Path(root) / job.log_file).is_file():
         lines.append(f"  log:        {join_path(root, job.log_file)}")

@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_plan import live_target_dirs
 from fdl_tasks.console import format_table
 from fdl_tasks.errors import FdlError
@@ -57,7 +58,7 @@ def human(size: int) -> str:
 
 def stale_paths(run: Run) -> list[str]:
     """Stale entries, relative to ``target/cluster``."""
-    live = live_target_dirs(expand_auto(run.remotes, run.root), run.cluster.controller)
+    live = live_target_dirs(expand_auto(run.remotes, run.root), backend_for(run.cluster))
     return stale_dirs(tree_entries(run.root / CLUSTER_TARGET), live)
 
 

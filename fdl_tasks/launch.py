@@ -16,6 +16,7 @@ from fdl_tasks.names import check_command, join_path
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.remote import Fleet
 from fdl_tasks.run import Run
+from fdl_tasks.watch.launchwait import wait_for_watch
 
 
 def check_envelopes(
@@ -134,8 +135,6 @@ def launch(run: Run, command: str, args: Sequence[str]) -> None:
     remotes = run.remotes
     run.warn_unlisted_controller()
     if not run.dry:  # a `prebuild --watch` cycle in flight publishes first
-        from fdl_tasks.watch import wait_for_watch
-
         wait_for_watch(run.root, command, run.settings.launch_wait, run.report)
     envelopes, source = read_published(run.root, command)
     problems = check_envelopes(envelopes, remotes, command, source)

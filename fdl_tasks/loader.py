@@ -14,11 +14,12 @@ import attrs
 import yaml
 
 from fdl_tasks.auto_arch import AUTO
+from fdl_tasks.backends.fit import misfits
 from fdl_tasks.converter import structure
 from fdl_tasks.cross_targets import GNU_TARGETS
 from fdl_tasks.dist import check_dist
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Cluster, ComposeService, DockerSettings
+from fdl_tasks.model import Cluster
 from fdl_tasks.values import kind_of, quote
 
 #: How many values a cluster file may hold once YAML aliases are expanded.
@@ -34,15 +35,10 @@ def parse_cluster(data: object, source: str) -> Cluster:
             f"{source}: expected a mapping with 'controller' and 'workers', got {kind_of(data)}"
         )
     cluster = structure(data, Cluster, f"{source} is not a valid cluster file")
-    if isinstance(cluster.controller.docker, DockerSettings) and (
-        ":" in cluster.controller.path or "," in cluster.controller.path
-    ):
-        raise FdlError(
-            f"{source} is not a valid cluster file: controller.path: "
-            f"{cluster.controller.path!r} cannot be bind-mounted by Docker (it "
-            "contains ':' or ','); move the project or build with native cargo."
-        )
     _check_cross(cluster, source)
+    problems = misfits(cluster.controller)
+    if problems:
+        raise FdlError(f"{source} is not a valid cluster file: {problems[0]}.")
     cluster = attrs.evolve(  # each worker's delivery resolved: its own, else the cluster's
         cluster,
         source=source,
@@ -74,23 +70,13 @@ def parse_cluster(data: object, source: str) -> Cluster:
 
 
 def _check_cross(cluster: Cluster, source: str) -> None:
-    """Each cross setup must be complete, and name a builder of the controller's kind."""
-    docker = cluster.controller.docker
+    """Each cross setup must be complete (whether it fits the build mode is the backend's)."""
     for machine, setup in cluster.controller.cross.items():
         where = f"{source} is not a valid cluster file: controller.cross[{machine!r}]"
         if machine not in GNU_TARGETS and not (setup.target and setup.linker):
             raise FdlError(
                 f"{where}: no default Rust target and linker are known for {machine}: "
                 "set 'target' (e.g. 'riscv64gc-unknown-linux-gnu') and 'linker'."
-            )
-        if setup.image and not isinstance(docker, DockerSettings):
-            raise FdlError(
-                f"{where}.image: only for a 'docker run' builder (controller.docker as a mapping)."
-            )
-        if setup.service and not isinstance(docker, ComposeService):
-            raise FdlError(
-                f"{where}.service: only for compose builds (controller.docker "
-                "naming a compose service)."
             )
 
 

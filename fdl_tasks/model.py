@@ -61,7 +61,7 @@ DeliveryMode = Annotated[str, "DeliveryMode"]
 #: Any JSON string, as serde reads a Rust ``String`` (the envelope's fields).
 WireText = Annotated[str, "WireText"]
 
-#: How the controller runs builds (see :attr:`Controller.build_mode`).
+#: How the controller runs builds (each backend names its own mode).
 BuildMode = Literal["native", "docker", "compose"]
 
 #: The data path flodl uses when a host declares none.
@@ -163,13 +163,6 @@ class Controller:
     host: Any = None
     port: Any = None
     join: Any = None
-
-    @property
-    def build_mode(self) -> BuildMode:
-        """How builds run: ``native`` cargo, ``docker`` run, or docker ``compose`` run."""
-        if self.docker is None:
-            return "native"
-        return "compose" if isinstance(self.docker, ComposeService) else "docker"
 
 
 @attrs.frozen

@@ -21,8 +21,10 @@ import attrs
 import fdl_tasks.envelope as envelope
 from fdl_tasks.atomic_files import remove_partials
 from fdl_tasks.auto_arch import AUTO
-from fdl_tasks.backends import Backend, backend_for
-from fdl_tasks.build_plan import BuildJob, plan_builds
+from fdl_tasks.backends.protocol import Backend
+from fdl_tasks.backends.registry import backend_for
+from fdl_tasks.build_environment import BuildJob
+from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.build_step import run_builds
 from fdl_tasks.builder import JobResult
 from fdl_tasks.copying import copy_step
@@ -115,7 +117,12 @@ def cross_cpu_archs(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str
 
 
 def plan(
-    run: Run, workers: Sequence[Worker], command: str, crate: str, cpu_archs: Mapping[str, str]
+    run: Run,
+    backend: Backend,
+    workers: Sequence[Worker],
+    command: str,
+    crate: str,
+    cpu_archs: Mapping[str, str],
 ) -> list[BuildJob]:
     """The builds, and every variant they link checked on the controller before any runs."""
     auto = [w.host for w in workers if w.arch == AUTO]
@@ -124,22 +131,13 @@ def plan(
             f"arch: auto on {', '.join(auto)} is chosen from preflight's probe, which this run "
             "does not make (--dry, build-host): run inv prebuild, or set 'arch'"
         )
-    jobs = plan_builds(
-        workers,
-        run.cluster.controller,
-        command,
-        crate,
-        run.settings.shared_builds,
-        cpu_archs=cpu_archs,
-    )
-    missing = sorted(
-        {
-            f"{host} (arch {job.spec.arch}): {libtorch_dir(str(run.root), job.spec.arch)}/lib"
-            for job in jobs
-            for host in job.hosts
-            if not Path(libtorch_dir(str(run.root), job.spec.arch), "lib").is_dir()
-        }
-    )
+    shared = run.settings.shared_builds
+    jobs = plan_builds(workers, backend, command, crate, shared, cpu_archs=cpu_archs)
+    libs = {job.build.arch: f"{libtorch_dir(str(run.root), job.build.arch)}/lib" for job in jobs}
+    absent = [
+        (job, libs[job.build.arch]) for job in jobs if not Path(libs[job.build.arch]).is_dir()
+    ]
+    missing = sorted({f"{h} (arch {j.build.arch}): {lib}" for j, lib in absent for h in j.hosts})
     if missing:
         raise FdlError(
             "libtorch variant(s) not found on the controller (a typo in 'arch'?); nothing was "
@@ -161,8 +159,8 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
     pinned = cross_cpu_archs(run)
     auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
     probe = probe or auto
-    jobs = [] if auto else plan(run, run.remotes, command, crate, pinned)
     backend = backend_for(run.cluster)
+    jobs = [] if auto else plan(run, backend, run.remotes, command, crate, pinned)
     run.warn_unlisted_controller()
     if run.dry:
         for line in dry_run_lines(run, abi=True):
@@ -180,7 +178,8 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
                 run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
             cpu_archs = cross_cpu_archs(run, verdicts)
             if auto or cpu_archs != pinned:
-                jobs = plan(run, run.remotes, command, crate, cpu_archs)
+                backend = backend_for(run.cluster)  # the chosen archs' cluster
+                jobs = plan(run, backend, run.remotes, command, crate, cpu_archs)
                 backend.check(jobs)
         else:
             backend.check(jobs)
@@ -201,7 +200,7 @@ def build_and_publish(
     """
     workers = {w.host: w for w in run.remotes}
     envelopes = {
-        host: PerHostEnvelope.for_worker(workers[host], command, crate, job.spec.cpu_arch)
+        host: PerHostEnvelope.for_worker(workers[host], command, crate, job.build.cpu_arch)
         for job in jobs
         for host in job.hosts
     }
@@ -290,9 +289,9 @@ def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published |
     skip_final_collection()
     require_verification_possible(run)
     cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}
-    jobs = plan(run, [worker], command, crate, cpu_archs)
-    jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
     backend = backend_for(run.cluster)
+    jobs = plan(run, backend, [worker], command, crate, cpu_archs)
+    jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
     if run.dry:
         run_builds(run, backend, jobs)
         return None

@@ -143,7 +143,7 @@ def prebuild(
     crate = pipeline.resolve_crate_dir(run, crate_dir, command)
     check_binary(command, run.root / crate)
     if watch:
-        from fdl_tasks.watch import watch_and_rebuild
+        from fdl_tasks.watch.session import watch_and_rebuild
 
         watch_and_rebuild(run, command, crate, as_json=json)
         return

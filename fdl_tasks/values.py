@@ -1,8 +1,7 @@
 """Single-value rules for cluster.yaml: each kind of :mod:`fdl_tasks.model` has a check.
 
-Pure functions, no I/O. A check returns the value (possibly normalised) or
-raises :class:`InvalidValue` quoting the value cut short (a bad 10 kB value
-still makes one line). Every rule of what cluster.yaml accepts is here.
+Pure. A check returns the value (maybe normalised) or raises :class:`InvalidValue`
+quoting it cut short (a bad 10 kB value still makes one line); every rule is here.
 """
 
 from __future__ import annotations

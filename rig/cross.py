@@ -453,14 +453,22 @@ def ensure() -> str:
 def _cross_build(root: Path, arch: str, image: str) -> Path:
     """The aarch64 build of ``ddp-bench`` exactly as prebuild renders it (docker run mode)."""
     from fdl_tasks.backends.docker_run import docker_line
+    from fdl_tasks.backends.registry import backend_for
     from fdl_tasks.build_plan import plan_builds
-    from fdl_tasks.model import Controller, CrossSetup, DockerSettings, Worker
+    from fdl_tasks.model import Cluster, Controller, CrossSetup, DockerSettings, Worker
 
     docker = DockerSettings(image=image)
     controller = Controller(path=str(root), docker=docker, cross={"aarch64": CrossSetup()})
     worker = Worker(host="selftest", path=str(root), arch=arch)
     cpu_archs = {"selftest": "aarch64"}
-    job = plan_builds([worker], controller, "ddp-bench", "ddp-bench", False, cpu_archs=cpu_archs)[0]
+    job = plan_builds(
+        [worker],
+        backend_for(Cluster(controller)),
+        "ddp-bench",
+        "ddp-bench",
+        False,
+        cpu_archs=cpu_archs,
+    )[0]
     command = docker_line(job, controller, docker, "selftest", None)
     run_logged(["sh", "-c", command], f"cross build: {command}")
     return root / job.built_binary

@@ -7,6 +7,7 @@ build's containers, found by their labels.
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Sequence
 
@@ -18,16 +19,18 @@ from fdl_tasks.build_argv import (
     container_identity,
     cross_variables,
 )
-from fdl_tasks.build_plan import BuildJob
+from fdl_tasks.build_environment import BuildJob, NoEnvironment
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import (
     check_docker,
     compose_configs,
     create_compose_networks,
+    find_compose,
     service_images,
     user_ids,
 )
-from fdl_tasks.model import Arch, ComposeService, Controller
+from fdl_tasks.gpus import Vendor
+from fdl_tasks.model import Arch, BuildMode, ComposeService, Controller, CrossSetup
 from fdl_tasks.names import join_path
 from fdl_tasks.variants import arch_cuda, libtorch_dir
 
@@ -68,12 +71,12 @@ def compose_line(
     name, the run's labels and the compile cache's flags are what fdl-tasks adds.
     """
     cache_flags, target = container_cache(job, controller, compose.workspace, cache)
-    variables = {"CARGO_TARGET_DIR": target, **cross_variables(job.spec)}
-    build = f"{assignments(variables)} {shlex.join(cargo_argv(job.spec))}"
+    variables = {"CARGO_TARGET_DIR": target, **cross_variables(job.build)}
+    build = f"{assignments(variables)} {shlex.join(cargo_argv(job.build))}"
     if cache:
         build = with_stats(build, CONTAINER_SCCACHE, target)
-    inner = f"cd {shlex.quote(join_path(compose.workspace, job.spec.crate_dir))} && {build}"
-    environment = compose_environment(controller.path, job.spec.arch, ids)
+    inner = f"cd {shlex.quote(join_path(compose.workspace, job.build.crate_dir))} && {build}"
+    environment = compose_environment(controller.path, job.build.arch, ids)
     argv = [
         "env",
         *(f"{name}={value}" for name, value in environment.items()),
@@ -83,7 +86,7 @@ def compose_line(
         "-T",
         *container_identity(run_id, job),
         *cache_flags,
-        job.spec.service or compose.service,
+        job.build.environment.toolchain,
         "bash",
         "-c",
         inner,
@@ -92,19 +95,41 @@ def compose_line(
 
 
 class ComposeBackend(ContainerBackend):
-    """``docker compose run`` of ``controller.docker``'s service (or a cross setup's)."""
+    """``docker compose run`` of ``controller.docker``'s service (or a cross setup's, or a
+    vendor's)."""
 
-    def __init__(
-        self,
-        controller: Controller,
-        compose: ComposeService,
-        compose_argv: Sequence[str],
-        source: str,
-    ) -> None:
-        self.controller, self.compose, self.compose_argv = controller, compose, compose_argv
-        self.source = source
-        self.ids = user_ids()
-        self.tool = f"{' '.join(compose_argv)} run"
+    mode: BuildMode = "compose"
+    toolchain_key = "service"
+
+    def __init__(self, controller: Controller, source: str) -> None:
+        assert isinstance(controller.docker, ComposeService), "the registry chose by type"
+        self.controller, self.compose, self.source = controller, controller.docker, source
+
+    @functools.cached_property
+    def compose_argv(self) -> tuple[str, ...]:
+        """``docker compose`` or ``docker-compose``, looked for when first needed."""
+        return find_compose()
+
+    @functools.cached_property
+    def ids(self) -> tuple[int, int]:
+        return user_ids()
+
+    @property
+    def tool(self) -> str:
+        return f"{' '.join(self.compose_argv)} run"
+
+    def toolchain(
+        self, arch: Arch, vendor: Vendor, cross: CrossSetup | None
+    ) -> str | NoEnvironment:
+        """A cross setup's service (else the main one); else the vendor's
+        (``controller.gpu_builds``), else ``controller.docker``'s."""
+        if cross:
+            return cross.service or self.compose.service
+        build = self.controller.gpu_builds.get(vendor) if vendor != "cpu" else None
+        return (build.service if build else None) or self.compose.service
+
+    def mounts(self) -> list[tuple[str, str | None]]:
+        return [(self.compose.workspace, self.controller.path)]  # the compose file mounts the rest
 
     def check(self, jobs: Sequence[BuildJob]) -> None:
         """Each service resolves to local images under each build's variables, and the
@@ -112,8 +137,8 @@ class ComposeBackend(ContainerBackend):
         root = self.controller.path
         services: dict[str, list[dict[str, str]]] = {}
         for job in jobs:
-            environment = compose_environment(root, job.spec.arch, self.ids)
-            services.setdefault(job.spec.service or self.compose.service, []).append(environment)
+            environment = compose_environment(root, job.build.arch, self.ids)
+            services.setdefault(job.build.environment.toolchain, []).append(environment)
         for service, environments in services.items():
             configs = compose_configs(self.compose_argv, service, root, environments, self.source)
             images = service_images(configs, service)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fdl_tasks.build_argv import JOB_LABEL, RUN_LABEL
-from fdl_tasks.build_plan import BuildJob
+from fdl_tasks.build_environment import BuildJob
 from fdl_tasks.cache import CompileCache
 from fdl_tasks.docker_tools import remove_containers
 

@@ -11,12 +11,36 @@ from collections.abc import Sequence
 
 from fdl_tasks.backends.containers import ContainerBackend
 from fdl_tasks.build_argv import cargo_argv, container_cache, container_identity, cross_variables
-from fdl_tasks.build_plan import BuildJob
+from fdl_tasks.build_environment import BuildJob, NoEnvironment
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import check_docker, user_ids
-from fdl_tasks.model import Controller, DockerSettings
+from fdl_tasks.gpus import Vendor
+from fdl_tasks.model import Arch, BuildMode, Controller, CrossSetup, DockerSettings
 from fdl_tasks.names import join_path
-from fdl_tasks.variants import libtorch_dir
+from fdl_tasks.variants import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, Cuda, arch_cuda, libtorch_dir
+
+
+def resolve_image(docker: DockerSettings, template: str, arch: Arch) -> str | NoEnvironment:
+    """Fill ``{cuda_version}`` (``12.8.0``) and ``{cuda_tag}`` (``12.8``) as flodl names them.
+
+    The arch gives the release, else ``cuda_version``; the loader allows no
+    other template field, so plain replacement is enough.
+    """
+    if CUDA_VERSION_FIELD not in template and CUDA_TAG_FIELD not in template:
+        return template
+    cuda = arch_cuda(arch) or (Cuda.parse(docker.cuda_version) if docker.cuda_version else None)
+    if cuda is None:
+        return NoEnvironment(
+            f"image {template!r} needs a CUDA version but arch {arch!r} encodes none: "
+            "set controller.docker.cuda_version in the cluster file (e.g. '12.8')"
+        )
+    return template.replace(CUDA_VERSION_FIELD, cuda.version).replace(CUDA_TAG_FIELD, cuda.tag)
+
+
+def project_mounts(controller: Controller, docker: DockerSettings) -> list[tuple[str, str | None]]:
+    """The container's mount table, written once: the project at the workspace, and the
+    build's variant (``None``: each job's own) at the libtorch path."""
+    return [(docker.workspace, controller.path), (docker.libtorch, None)]
 
 
 def docker_line(
@@ -28,32 +52,31 @@ def docker_line(
     cache: CompileCache | None = None,
 ) -> str:
     """``docker run --rm … cargo build``: project at the workspace, libtorch read-only."""
-    image = job.spec.image
-    assert image is not None, "docker_line needs a job planned with docker settings"
+    image = job.build.environment.toolchain
     workspace = docker.workspace
     cache_flags, target = container_cache(job, controller, workspace, cache)
     argv = ["docker", "run", "--rm", *container_identity(run_id, job)]
     if user:
         argv += ["--user", user]
+    for inside, outside in project_mounts(controller, docker):
+        variant = outside is None  # the job's own variant, read-only
+        source = libtorch_dir(controller.path, job.build.arch) if variant else outside
+        argv += ["-v", f"{source}:{inside}:ro" if variant else f"{source}:{inside}"]
     argv += [
-        "-v",
-        f"{controller.path}:{workspace}",
-        "-v",
-        f"{libtorch_dir(controller.path, job.spec.arch)}:{docker.libtorch}:ro",
         "-w",
-        join_path(workspace, job.spec.crate_dir),
+        join_path(workspace, job.build.crate_dir),
         "-e",
         f"CARGO_TARGET_DIR={target}",
         "-e",
         f"LIBTORCH_PATH={docker.libtorch}",
         *cache_flags,
     ]
-    cross = job.spec.cross
+    cross = job.build.cross
     env = dict(cross.env) if cross and cross.env is not None else docker.env
     run_args = cross.run_args if cross and cross.run_args is not None else docker.run_args
-    for name, value in {**env, **cross_variables(job.spec)}.items():
+    for name, value in {**env, **cross_variables(job.build)}.items():
         argv += ["-e", f"{name}={value}"]
-    cargo = cargo_argv(job.spec)
+    cargo = cargo_argv(job.build)
     build = ["sh", "-c", with_stats(shlex.join(cargo), CONTAINER_SCCACHE, target)]
     network = cache.container_run_args(run_args) if cache else []
     argv += [*run_args, *network, image, *(build if cache else cargo)]
@@ -67,17 +90,32 @@ def container_user() -> str | None:
 
 
 class DockerRunBackend(ContainerBackend):
-    """``docker run --rm`` of ``controller.docker.image`` (or a cross setup's image)."""
+    """``docker run --rm`` of ``controller.docker.image`` (or a cross setup's, or a vendor's)."""
 
     tool = "docker run"
+    mode: BuildMode = "docker"
+    toolchain_key = "image"
 
-    def __init__(self, controller: Controller, docker: DockerSettings, source: str) -> None:
-        self.controller, self.docker, self.user = controller, docker, container_user()
-        self.source = source
+    def __init__(self, controller: Controller, source: str) -> None:
+        assert isinstance(controller.docker, DockerSettings), "the registry chose by type"
+        self.controller, self.docker, self.source = controller, controller.docker, source
+        self.user = container_user()
+
+    def toolchain(
+        self, arch: Arch, vendor: Vendor, cross: CrossSetup | None
+    ) -> str | NoEnvironment:
+        """The cross setup's image, else the vendor's (``controller.gpu_builds``), else
+        ``controller.docker.image``; its CUDA fields filled from the arch."""
+        build = self.controller.gpu_builds.get(vendor) if vendor != "cpu" else None
+        chosen = (cross.image if cross else None) or (build.image if build else None)
+        return resolve_image(self.docker, chosen or self.docker.image, arch)
+
+    def mounts(self) -> list[tuple[str, str | None]]:
+        return project_mounts(self.controller, self.docker)
 
     def check(self, jobs: Sequence[BuildJob]) -> None:
         check_docker(
-            [job.spec.image for job in jobs if job.spec.image],
+            [job.build.environment.toolchain for job in jobs],
             f"controller.docker.image is {self.docker.image!r}",
             self.source,
         )

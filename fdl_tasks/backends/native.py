@@ -14,10 +14,11 @@ import signal
 from collections.abc import Sequence
 
 from fdl_tasks.build_argv import cargo_argv, cross_variables
-from fdl_tasks.build_plan import BuildJob
+from fdl_tasks.build_environment import BuildJob, NoEnvironment
 from fdl_tasks.cache import CompileCache, stop_server, with_stats
 from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Controller
+from fdl_tasks.gpus import Vendor
+from fdl_tasks.model import Arch, BuildMode, Controller, CrossSetup
 from fdl_tasks.names import join_path
 from fdl_tasks.variants import libtorch_dir
 
@@ -38,16 +39,16 @@ def native_line(
     cache the target dir is passed as ``--target-dir``: sccache hashes every
     ``CARGO_*`` variable, so ``CARGO_TARGET_DIR`` would make every variant miss.
     """
-    crate = join_path(controller.path, job.spec.crate_dir)
+    crate = join_path(controller.path, job.build.crate_dir)
     target = join_path(controller.path, job.target_dir)
-    env = [f"LIBTORCH_PATH={libtorch_dir(controller.path, job.spec.arch)}"]
-    env += [f"{k}={v}" for k, v in cross_variables(job.spec).items()]
+    env = [f"LIBTORCH_PATH={libtorch_dir(controller.path, job.build.arch)}"]
+    env += [f"{k}={v}" for k, v in cross_variables(job.build).items()]
     if cache is None:
-        command = ["env", env[0], f"CARGO_TARGET_DIR={target}", *env[1:], *cargo_argv(job.spec)]
+        command = ["env", env[0], f"CARGO_TARGET_DIR={target}", *env[1:], *cargo_argv(job.build)]
     else:
         server = native_server(run_id, job.name)
         env += [f"{k}={v}" for k, v in cache.native_variables(server).items()]
-        build = shlex.join([*cargo_argv(job.spec), "--target-dir", target])
+        build = shlex.join([*cargo_argv(job.build), "--target-dir", target])
         command = ["env", *env, "sh", "-c", with_stats(build, cache.binary, target)]
     return f"cd {shlex.quote(crate)} && exec " + shlex.join(["setsid", *command])
 
@@ -57,9 +58,19 @@ class NativeBackend:
 
     tool = "native cargo"
     killers = "the out-of-memory killer, or another process"
+    mode: BuildMode = "native"
+    toolchain_key = ""
 
     def __init__(self, controller: Controller, source: str) -> None:
         self.controller, self.source = controller, source
+
+    def toolchain(
+        self, arch: Arch, vendor: Vendor, cross: CrossSetup | None
+    ) -> str | NoEnvironment:
+        return ""  # this machine's cargo, whatever the variant
+
+    def mounts(self) -> list[tuple[str, str | None]]:
+        return []  # no container: paths are the controller's
 
     def check(self, jobs: Sequence[BuildJob]) -> None:
         if shutil.which("cargo") is None:

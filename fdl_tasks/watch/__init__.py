@@ -14,7 +14,7 @@ a cycle whenever a file the build depends on changes:
 - when (:mod:`.debounce`): a burst of saves is one cycle once the tree is
   quiet for ``fdl.watch_debounce`` seconds; saves during a cycle queue exactly
   one more after it; a cycle in progress is never cut short;
-- how (:mod:`.plan`, :mod:`.polling`, :mod:`.filewatch`): inotify
+- how (:mod:`.roots`, :mod:`.polling`, :mod:`.filewatch`): inotify
   (``watchfiles``) over the workspace but ``target/``, or our own polling
   (:mod:`.scan`, :mod:`.snapshot`: ns mtime and ctime, size, inode, and the
   content of files whose stat is too recent to trust) where inotify cannot see
@@ -31,21 +31,17 @@ host's diagnostics together, and watching goes on; Ctrl-C or SIGTERM
 (:class:`~fdl_tasks.errors.Stopped`) ends the watcher with the last good
 envelope or none, and no build container.
 
-``inv launch`` asks :func:`wait_for_watch` (:mod:`.launchwait`) first: while a
+``inv launch`` asks :func:`.launchwait.wait_for_watch` first: while a
 cycle is pending or building (state in ``target/cluster/_watch/<command>.json``,
-the watcher's liveness from a lock it holds, :mod:`.files`), or a watched file
+the watcher's liveness from a lock it holds, :mod:`.state_files`), or a watched file
 changed after the last cycle's start (to the nanosecond; a tie with the stamp
 counts unless the file is as that cycle's first look saw it), it waits,
 boundedly, for the new envelope.
 
-Pure modules (no I/O): scope, buildscripts, plan, polling, snapshot, debounce,
-lines. Thin I/O modules: workspace and scan (the walks), files (state, lock),
+Pure modules (no I/O): scope, buildscripts, roots, polling, snapshot, debounce,
+lines. Thin I/O modules: workspace and scan (the walks), state_files (state, lock),
 filewatch and watcher (the watcher threads), session (the loop), launchwait.
+
+The package itself imports nothing, so that ``inv launch`` (which needs only
+:mod:`.launchwait`) never loads the build pipeline through :mod:`.session`.
 """
-
-from __future__ import annotations
-
-from fdl_tasks.watch.launchwait import wait_for_watch
-from fdl_tasks.watch.session import watch_and_rebuild
-
-__all__ = ["wait_for_watch", "watch_and_rebuild"]

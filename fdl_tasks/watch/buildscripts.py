@@ -10,9 +10,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 
-from fdl_tasks.builder import JobResult
-from fdl_tasks.model import ComposeService, DockerSettings
-from fdl_tasks.run import Run
+from fdl_tasks.build_environment import BuildJob
 from fdl_tasks.watch.scope import under
 
 RERUN_PREFIXES = ("cargo:rerun-if-changed=", "cargo::rerun-if-changed=")
@@ -74,20 +72,7 @@ def declared_inputs(
     return sorted(set(declared)), sorted(set(whole))
 
 
-def container_mounts(run: Run) -> list[tuple[str, str | None]]:
-    """Container path → controller path of the build's mounts (the variant: watched apart)."""
-    docker = run.cluster.controller.docker
-    root = str(run.root)
-    if isinstance(docker, DockerSettings):
-        return [(docker.workspace, root), (docker.libtorch, None)]
-    if isinstance(docker, ComposeService):
-        return [(docker.workspace, root)]
-    return []
-
-
-def target_dirs(results: Iterable[JobResult]) -> list[tuple[str, str | None]]:
+def target_dirs(jobs: Iterable[BuildJob]) -> list[tuple[str, str | None]]:
     """(target dir, Rust target triple of a cross build) of a cycle's builds: where the
     next survey finds their build scripts' ``output`` files."""
-    return sorted(
-        {(r.job.target_dir, r.job.spec.cross.target if r.job.spec.cross else None) for r in results}
-    )
+    return sorted({(j.target_dir, j.build.cross.target if j.build.cross else None) for j in jobs})

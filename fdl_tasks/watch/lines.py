@@ -9,7 +9,7 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fdl_tasks.build_plan import BuildSpec
+from fdl_tasks.build_environment import Build
 from fdl_tasks.verification import Delivery
 from fdl_tasks.watch.scope import Kind, under
 
@@ -52,7 +52,7 @@ def cycle_line(
     )
 
 
-def build_labels(specs: Iterable[BuildSpec]) -> list[str]:
+def build_labels(specs: Iterable[Build]) -> list[str]:
     """Builds as a reader knows them: by libtorch variant (and CPU of a cross build)."""
     labels = [f"{s.arch} ({s.cpu_arch})" if s.cpu_arch else s.arch for s in specs]
     return [

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import attrs
 
 from fdl_tasks import pipeline
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.envelope import hand_over, published_path
 from fdl_tasks.errors import FdlError, Stopped, StoppedLeftRunning
 from fdl_tasks.interrupts import sigterm_as_interrupt
@@ -72,7 +73,12 @@ class Session:
         if self.packages is None:
             self.packages = package_dirs(self.root)
         return survey(
-            self.run, self.cluster_file, self.packages, self.target_dirs, self.files.directory
+            self.run,
+            self.cluster_file,
+            self.packages,
+            self.target_dirs,
+            self.files.directory,
+            backend_for(self.run.cluster).mounts(),
         )
 
     def write_state(self) -> None:
@@ -140,8 +146,8 @@ class Session:
             return
         hand_over(published.text)
         results = published.results
-        self.target_dirs = target_dirs(results)
-        rebuilt = build_labels([r.job.spec for r in results if r.rebuilt])
+        self.target_dirs = target_dirs(r.job for r in results)
+        rebuilt = build_labels([r.job.build for r in results if r.rebuilt])
         fresh = sum(1 for r in results if not r.rebuilt)
         verified = verified_text(published.delivery)
         seconds = time.monotonic() - started

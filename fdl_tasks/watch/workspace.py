@@ -17,7 +17,7 @@ from pathlib import Path
 from fdl_tasks.layout import PROFILE_DIR
 from fdl_tasks.run import Run
 from fdl_tasks.variants import libtorch_dir, libtorch_root
-from fdl_tasks.watch.buildscripts import container_mounts, declared_inputs
+from fdl_tasks.watch.buildscripts import declared_inputs
 from fdl_tasks.watch.scope import Scope, ignored_dir, make_scope, under
 
 
@@ -96,13 +96,15 @@ def survey(
     packages: Mapping[str, Sequence[str]],
     target_dirs: Iterable[tuple[str, str | None]],
     watch_dir: Path,
+    mounts: Sequence[tuple[str, str | None]],
 ) -> Scope:
-    """The scope from the cluster file, the packages and the last builds' script outputs;
-    the watcher's own directory and the compile cache are never a change."""
+    """The scope from the cluster file, the packages and the last builds' script outputs
+    (``mounts``: the backend's, to map container paths back); the watcher's own directory
+    and the compile cache are never a change."""
     root = posixpath.normpath(str(run.root))
     archs = {w.arch for w in run.remotes if w.arch}
     outputs = build_outputs(run.root, target_dirs)
-    declared, whole = declared_inputs(outputs, packages, container_mounts(run))
+    declared, whole = declared_inputs(outputs, packages, mounts)
     declared = [p for p in declared if under(p, root) or os.path.exists(p)]
     dirs = [d for found in packages.values() for d in found]
     own = [str(watch_dir)]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from fdl_tasks.backends.docker_run import docker_line
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.envelope import decode
 from fdl_tasks.loader import load_cluster
@@ -231,9 +232,9 @@ def test_docker_build_as_a_non_root_user_leaves_no_root_files(rig: RigCluster) -
     cluster = load_cluster(rig.write(workers(rig), "user.yaml", docker=rig.docker_settings()))
     docker = cluster.controller.docker
     assert isinstance(docker, DockerSettings)
-    job = plan_builds([cluster.worker("ada")], cluster.controller, "ddp-bench", "ddp-bench", False)[
-        0
-    ]
+    job = plan_builds(
+        [cluster.worker("ada")], backend_for(cluster), "ddp-bench", "ddp-bench", False
+    )[0]
     target = rig.project / job.target_dir
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from fdl_tasks.backends.compose import compose_line
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.docker_tools import remove_containers
 from fdl_tasks.envelope import PerHostEnvelope
@@ -125,7 +126,7 @@ def test_compose_run_writes_files_as_the_invoking_user(rig: RigCluster) -> None:
     compose = cluster.controller.docker
     assert isinstance(compose, ComposeService)
     job = plan_builds(
-        [cluster.worker("pascal")], cluster.controller, "ddp-bench", "ddp-bench", False
+        [cluster.worker("pascal")], backend_for(cluster), "ddp-bench", "ddp-bench", False
     )[0]
     target = rig.project / job.target_dir
     target.mkdir(parents=True)

@@ -10,6 +10,7 @@ import pytest
 from fdl_tasks.backends.compose import compose_line
 from fdl_tasks.backends.docker_run import docker_line
 from fdl_tasks.backends.native import native_line
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.binary_check import RemoteCopy, delivery_problems, elf_machine
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.errors import FdlError
@@ -39,7 +40,7 @@ def cluster(docker: Any = None, cross: Any = None, **arm: Any) -> Cluster:
 
 
 def plan(c: Cluster, machines: dict[str, str], shared: bool = True) -> list[Any]:
-    return plan_builds(c.workers, c.controller, "bench", "", shared, cpu_archs=machines)
+    return plan_builds(c.workers, backend_for(c), "bench", "", shared, cpu_archs=machines)
 
 
 def test_one_build_per_variant_and_cpu_architecture() -> None:
@@ -48,8 +49,8 @@ def test_one_build_per_variant_and_cpu_architecture() -> None:
     by_hosts = {job.hosts: job for job in jobs}
     assert sorted(by_hosts) == [("gh200", "spark"), ("x1",), ("x2",)]
     arm = by_hosts[("gh200", "spark")]
-    assert arm.spec.cross is not None and arm.spec.cross.target == ARM
-    assert arm.spec.cross.linker == "aarch64-linux-gnu-gcc"
+    assert arm.build.cross is not None and arm.build.cross.target == ARM
+    assert arm.build.cross.linker == "aarch64-linux-gnu-gcc"
     assert arm.target_dir.startswith("target/cluster/_shared/precompiled-cu128-arm-aarch64-")
     assert arm.built_binary == f"{arm.target_dir}/{ARM}/release/bench"
     assert (
@@ -78,7 +79,7 @@ def test_docker_cross_build_uses_its_image_target_and_linker() -> None:
     cross = {"aarch64": {"image": "flodl-cross-arm64:{cuda_tag}"}}
     c = cluster(docker, cross)
     assert isinstance(c.controller.docker, DockerSettings)
-    arm = next(j for j in plan(c, BOTH) if j.spec.cross)
+    arm = next(j for j in plan(c, BOTH) if j.build.cross)
     argv = shlex.split(docker_line(arm, c.controller, c.controller.docker, "r", None))
     assert "flodl-cross-arm64:12.8" in argv
     assert "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc" in argv
@@ -89,13 +90,13 @@ def test_docker_cross_build_uses_its_image_target_and_linker() -> None:
 
 def test_native_and_compose_cross_builds() -> None:
     c = cluster(cross={"aarch64": {"linker": "/opt/gcc/bin/aarch64-gcc"}})
-    arm = next(j for j in plan(c, BOTH) if j.spec.cross)
+    arm = next(j for j in plan(c, BOTH) if j.build.cross)
     native = shlex.split(native_line(arm, c.controller).split(" && exec ")[1])
     assert "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=/opt/gcc/bin/aarch64-gcc" in native
     assert native[-4:] == ["--target", ARM, "--bin", "bench"]
     composed = cluster("cuda", {"aarch64": {"service": "cuda-arm64"}})
     assert isinstance(composed.controller.docker, ComposeService)
-    arm = next(j for j in plan(composed, BOTH) if j.spec.cross)
+    arm = next(j for j in plan(composed, BOTH) if j.build.cross)
     line = compose_line(
         arm, composed.controller, composed.controller.docker, ["docker", "compose"], "r", (0, 0)
     )

@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_plan import live_target_dirs, plan_builds
 from fdl_tasks.layout import (
     BuildKey,
@@ -29,8 +30,8 @@ def cluster(archs: dict[str, str], **controller: Any) -> Cluster:
 
 def test_shared_dir_is_keyed_by_environment_not_command() -> None:
     c = cluster({"a": "precompiled/cu128", "b": "precompiled/cu128", "c": "precompiled/cpu"})
-    train = plan_builds(c.workers, c.controller, "train", "", True)
-    evaluate = plan_builds(c.workers, c.controller, "eval", "crates/eval", True)
+    train = plan_builds(c.workers, backend_for(c), "train", "", True)
+    evaluate = plan_builds(c.workers, backend_for(c), "eval", "crates/eval", True)
     assert [j.target_dir for j in train] == [j.target_dir for j in evaluate]
     assert len({j.target_dir for j in train}) == 2
     assert [j.log_file for j in train] != [j.log_file for j in evaluate]  # one log per command
@@ -73,10 +74,10 @@ def test_live_dirs_cover_both_modes_and_every_possible_cpu() -> None:
     c = cluster(
         {"a": "precompiled/cu128"}, docker={"image": "img:{cuda_tag}"}, cross={"aarch64": {}}
     )
-    live = live_target_dirs(c.workers, c.controller)
+    live = live_target_dirs(c.workers, backend_for(c))
     assert "target/cluster/a/precompiled-cu128" in live
     assert "target/cluster/a/precompiled-cu128-aarch64" in live
-    shared = plan_builds(c.workers, c.controller, "x", "", True)[0].target_dir
+    shared = plan_builds(c.workers, backend_for(c), "x", "", True)[0].target_dir
     assert shared in live and len(live) == 4
 
 

@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 from fdl_tasks.backends.compose import compose_line
-from fdl_tasks.backends.docker_run import docker_line
+from fdl_tasks.backends.docker_run import docker_line, resolve_image
 from fdl_tasks.backends.native import native_line
-from fdl_tasks.build_plan import plan_builds, resolve_image
+from fdl_tasks.backends.registry import backend_for
+from fdl_tasks.build_environment import NoEnvironment
+from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.model import Cluster, ComposeService, DockerSettings
@@ -25,29 +27,29 @@ def cluster(archs: dict[str, str], docker: dict[str, object] | None = None) -> C
 
 
 def _wc(c: Cluster) -> tuple[Any, Any]:
-    return c.workers, c.controller
+    return c.workers, backend_for(c)
 
 
 def test_image_template() -> None:
     docker = DockerSettings(image="flodl:{cuda_tag}-v{cuda_version}")
-    assert resolve_image(docker, "precompiled/cu126") == "flodl:12.6-v12.6.0"
-    with pytest.raises(FdlError, match="cuda_version"):
-        resolve_image(docker, "builds/sm61-sm120")
+    assert resolve_image(docker, docker.image, "precompiled/cu126") == "flodl:12.6-v12.6.0"
+    none = resolve_image(docker, docker.image, "builds/sm61-sm120")
+    assert isinstance(none, NoEnvironment) and "cuda_version" in none.reason
     fallback = DockerSettings(image="flodl:{cuda_tag}", cuda_version="12.8")
-    assert resolve_image(fallback, "precompiled/cpu") == "flodl:12.8"
+    assert resolve_image(fallback, fallback.image, "precompiled/cpu") == "flodl:12.8"
     patch = DockerSettings(image="nvidia/cuda:{cuda_version}|{cuda_tag}", cuda_version="12.6.3")
-    assert resolve_image(patch, "builds/sm61-sm120") == "nvidia/cuda:12.6.3|12.6"
+    assert resolve_image(patch, patch.image, "builds/sm61-sm120") == "nvidia/cuda:12.6.3|12.6"
 
 
 def test_per_host_plan_has_one_job_per_host() -> None:
     c = cluster({"a": "precompiled/cu128", "b": "precompiled/cu128", "c": "precompiled/cpu"})
-    jobs = plan_builds(c.workers, c.controller, "bench", "ddp-bench", shared=False)
+    jobs = plan_builds(c.workers, backend_for(c), "bench", "ddp-bench", shared=False)
     assert [(j.name, j.hosts, j.target_dir) for j in jobs] == [
         ("a", ("a",), "target/cluster/a/precompiled-cu128"),
         ("b", ("b",), "target/cluster/b/precompiled-cu128"),
         ("c", ("c",), "target/cluster/c/precompiled-cpu"),
     ]
-    assert jobs[2].spec.features == () and jobs[0].spec.features == ("cuda",)
+    assert jobs[2].build.features == () and jobs[0].build.features == ("cuda",)
 
 
 def test_shared_plan_has_one_job_per_distinct_build() -> None:
@@ -58,7 +60,7 @@ def test_shared_plan_has_one_job_per_distinct_build() -> None:
     for job in jobs:
         assert job.target_dir.startswith("target/cluster/_shared/")
         assert job.host_binary(job.hosts[0]) == (
-            f"target/cluster/{job.hosts[0]}/{job.spec.arch.replace('/', '-')}/release/bench"
+            f"target/cluster/{job.hosts[0]}/{job.build.arch.replace('/', '-')}/release/bench"
         )
 
 
@@ -74,7 +76,7 @@ def test_docker_command_is_quoted_and_complete() -> None:
         {"image": "flodl:{cuda_tag}", "env": {"X": "a b"}, "run_args": ["--gpus", "all"]},
     )
     assert isinstance(c.controller.docker, DockerSettings)
-    job = plan_builds(c.workers, c.controller, "bench", "ddp-bench", False)[0]
+    job = plan_builds(c.workers, backend_for(c), "bench", "ddp-bench", False)[0]
     argv = shlex.split(docker_line(job, c.controller, c.controller.docker, "r1", "1000:1000"))
     assert argv[:3] == ["docker", "run", "--rm"]
     assert argv[argv.index("--label") : argv.index("--label") + 2] == [
@@ -103,7 +105,7 @@ def test_docker_command_is_quoted_and_complete() -> None:
 
 def test_native_command() -> None:
     c = cluster({"a": "precompiled/cpu"})
-    job = plan_builds(c.workers, c.controller, "bench", "", False)[0]
+    job = plan_builds(c.workers, backend_for(c), "bench", "", False)[0]
     command = native_line(job, c.controller)
     assert command == (
         "cd '/srv/my proj' && exec setsid env "
@@ -129,7 +131,7 @@ def compose_job(arch: str) -> tuple[list[str], dict[str, str], Cluster]:
         "c.yaml",
     )
     assert isinstance(c.controller.docker, ComposeService)
-    job = plan_builds(c.workers, c.controller, "ddp-bench", "ddp-bench", False)[0]
+    job = plan_builds(c.workers, backend_for(c), "ddp-bench", "ddp-bench", False)[0]
     line = compose_line(job, c.controller, c.controller.docker, ["docker", "compose"], "r1", (7, 8))
     prefix, _, rest = line.partition(" && exec ")
     assert prefix == "cd /srv/proj"  # flodl runs compose from the project root
@@ -180,7 +182,7 @@ def test_compose_command_runs_flodls_inner_script(arch: str, features: str) -> N
 def test_compose_v1_is_the_same_command() -> None:
     c = compose_job("precompiled/cu128")[2]
     assert isinstance(c.controller.docker, ComposeService)
-    job = plan_builds(c.workers, c.controller, "ddp-bench", "ddp-bench", False)[0]
+    job = plan_builds(c.workers, backend_for(c), "ddp-bench", "ddp-bench", False)[0]
     v1 = compose_line(job, c.controller, c.controller.docker, ["docker-compose"], "r1", (7, 8))
     assert " docker-compose run --rm -T " in v1
 
@@ -198,7 +200,7 @@ def test_features_follow_the_vendor_and_the_worker_key() -> None:
         },
         "c.yaml",
     )
-    jobs = {j.hosts[0]: j.spec.features for j in plan_builds(*_wc(c), "t", "", False)}
+    jobs = {j.hosts[0]: j.build.features for j in plan_builds(*_wc(c), "t", "", False)}
     assert jobs == {"amd": ("rocm",), "nv": ("cuda",), "mine": ("rocm",), "cpu": ()}
 
 
@@ -221,7 +223,7 @@ def test_one_environment_for_nvidia_and_amd_is_refused_before_any_build() -> Non
     with pytest.raises(FdlError, match=r"NVIDIA: nv; AMD: amd.*gpu_builds: \{amd: \{image"):
         plan_builds(*_wc(c), "t", "", True)
     flodl = cluster({"amd": "precompiled/rocm6.2"}, {"image": "rocm:6.2"})  # one vendor: as before
-    assert plan_builds(*_wc(flodl), "t", "", True)[0].spec.image == "rocm:6.2"
+    assert plan_builds(*_wc(flodl), "t", "", True)[0].build.environment.toolchain == "rocm:6.2"
     native = cluster(MIXED)  # native cargo builds every vendor
     assert len(plan_builds(*_wc(native), "t", "", True)) == 3
 
@@ -238,7 +240,9 @@ def test_each_vendor_gets_its_own_image_or_service() -> None:
         },
         "c.yaml",
     )
-    images = {j.hosts[0]: j.spec.image for j in plan_builds(*_wc(c), "t", "", True)}
+    images = {
+        j.hosts[0]: j.build.environment.toolchain for j in plan_builds(*_wc(c), "t", "", True)
+    }
     assert images == {"nv": "flodl-cuda:12.8", "amd": "flodl-rocm:6.2", "cpu": "flodl-cuda:12.6"}
     compose = parse_cluster(
         {
@@ -251,7 +255,9 @@ def test_each_vendor_gets_its_own_image_or_service() -> None:
         },
         "c.yaml",
     )
-    services = {j.hosts[0]: j.spec.service for j in plan_builds(*_wc(compose), "t", "", True)}
+    services = {
+        j.hosts[0]: j.build.environment.toolchain for j in plan_builds(*_wc(compose), "t", "", True)
+    }
     assert services == {"nv": "cuda", "amd": "rocm", "cpu": "cuda"}
     wrong = attrs_evolve_builds(compose, image="x")
     with pytest.raises(FdlError, match=r"gpu_builds\.amd needs a 'service:'"):

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.build_plan import BuildSpec, CrossBuild
+from fdl_tasks.build_environment import Build, BuildEnvironment, CrossBuild
 from fdl_tasks.errors import FdlError
 from fdl_tasks.reporting import collect
 from fdl_tasks.verification import Delivery
-from fdl_tasks.watch import wait_for_watch
 from fdl_tasks.watch.buildscripts import declared_inputs, host_path, rerun_declarations
 from fdl_tasks.watch.debounce import Debouncer
+from fdl_tasks.watch.launchwait import wait_for_watch
 from fdl_tasks.watch.lines import (
     build_labels,
     busy_reason,
@@ -399,8 +399,8 @@ def test_cycle_line() -> None:
 
 
 def test_build_labels() -> None:
-    def spec(arch: str, cross: CrossBuild | None = None) -> BuildSpec:
-        return BuildSpec(arch, (), None, "ddp-bench", "ddp-bench", cross)
+    def spec(arch: str, cross: CrossBuild | None = None) -> Build:
+        return Build(BuildEnvironment("docker", arch, (), "img", cross=cross), "ddp-bench", "")
 
     arm = CrossBuild("aarch64", "aarch64-unknown-linux-gnu", "aarch64-linux-gnu-gcc")
     specs = [spec("precompiled/cu128"), spec("precompiled/cu128"), spec("precompiled/cpu", arm)]

@@ -17,8 +17,8 @@ from watchfiles import Change
 
 from fdl_tasks.errors import FdlError
 from fdl_tasks.reporting import collect
-from fdl_tasks.watch import wait_for_watch
 from fdl_tasks.watch.filewatch import Changes, FileWatch
+from fdl_tasks.watch.launchwait import wait_for_watch
 from fdl_tasks.watch.roots import WatchPlan
 from fdl_tasks.watch.scan import digest, entry_of, scan
 from fdl_tasks.watch.scope import Scope, make_scope

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from fdl_tasks.backends.compose import compose_line
 from fdl_tasks.backends.docker_run import docker_line
 from fdl_tasks.backends.native import native_line
-from fdl_tasks.build_plan import BuildJob, plan_builds
+from fdl_tasks.backends.registry import backend_for
+from fdl_tasks.build_environment import BuildJob
+from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.model import ComposeService, DockerSettings
 from fdl_tasks.names import join_path
 from fdl_tasks.variants import arch_cuda
@@ -79,7 +81,7 @@ def test_native_command_shell_sees_every_value_as_one_word(
         if cluster is None or name is None or crate_dir is None:
             reject()  # refused cleanly (checked): draw an example that reaches the shell
         os.makedirs(join_path(path, crate_dir), exist_ok=True)
-        (job,) = plan_builds(cluster.workers, cluster.controller, name, crate_dir, shared)
+        (job,) = plan_builds(cluster.workers, backend_for(cluster), name, crate_dir, shared)
         calls, _ = box.run(native_line(job, cluster.controller))
         base = path.rstrip("/")
         libtorch, target = f"{base}/libtorch/{arch}", f"{base}/{job.target_dir}"
@@ -152,7 +154,7 @@ def test_docker_command_argv_is_exactly_the_raw_values(
         if cluster is None or name is None or crate_dir is None:
             reject()  # refused cleanly (checked): draw an example that reaches the shell
         assert isinstance(cluster.controller.docker, DockerSettings)
-        (job,) = plan_builds(cluster.workers, cluster.controller, name, crate_dir, True)
+        (job,) = plan_builds(cluster.workers, backend_for(cluster), name, crate_dir, True)
         calls, _ = box.run(
             docker_line(job, cluster.controller, cluster.controller.docker, "r1", user)
         )
@@ -230,7 +232,7 @@ def test_compose_command_and_its_inner_script_see_every_value_as_one_word(
         compose = cluster.controller.docker
         assert isinstance(compose, ComposeService) and compose.service == service
         os.makedirs(join_path(path, crate_dir), exist_ok=True)
-        (job,) = plan_builds(cluster.workers, cluster.controller, name, crate_dir, True)
+        (job,) = plan_builds(cluster.workers, backend_for(cluster), name, crate_dir, True)
         # The service sees the project at its fixed workspace; here, a plain sandbox directory.
         workspace = str(box.root / "workspace")
         os.makedirs(join_path(workspace, crate_dir), exist_ok=True)

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.errors import FdlError
 from fdl_tasks.model import Cluster, DockerSettings
@@ -214,11 +215,11 @@ def test_docker_image_template_gives_fdl_error_or_an_image(
     if cluster is None:
         return
     try:
-        jobs = plan_builds(cluster.workers, cluster.controller, "x", "", True)
+        jobs = plan_builds(cluster.workers, backend_for(cluster), "x", "", True)
     except FdlError as exc:
         assert_one_paragraph(str(exc))
         return
-    assert all(isinstance(job.spec.image, str) for job in jobs)
+    assert all(isinstance(job.build.environment.toolchain, str) for job in jobs)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import os
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.layout import host_binary as binary_path
 from fdl_tasks.layout import host_dir as target_dir
@@ -53,7 +54,7 @@ def test_accepted_labels_and_arches_stay_inside_target_cluster(
         assert library[:3] == ["", "p", "libtorch"] and len(library) > 3, library
     host_dirs = [os.path.normpath(target_dir(w.host, w.arch or "")) for w in cluster.workers]
     assert len(set(host_dirs)) == len(host_dirs), "two hosts share a target dir"
-    for job in plan_builds(cluster.workers, cluster.controller, command, "", shared=True):
+    for job in plan_builds(cluster.workers, backend_for(cluster), command, "", shared=True):
         shared = os.path.normpath(job.target_dir).split("/")
         assert len(shared) == 4 and shared[:3] == ["target", "cluster", "_shared"], shared
         assert shared[3] not in ("", ".", "..")
@@ -61,7 +62,7 @@ def test_accepted_labels_and_arches_stay_inside_target_cluster(
         for host in job.hosts:
             mine = os.path.normpath(job.host_binary(host)).split("/")
             assert mine[:3] == ["target", "cluster", host] and len(mine) == 6, mine
-    for job in plan_builds(cluster.workers, cluster.controller, command, "", shared=False):
+    for job in plan_builds(cluster.workers, backend_for(cluster), command, "", shared=False):
         (host,) = job.hosts
         own = os.path.normpath(job.target_dir).split("/")
         assert own[:3] == ["target", "cluster", host] and len(own) == 4, own

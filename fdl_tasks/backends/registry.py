@@ -1,0 +1,24 @@
+"""Which backend serves a cluster: chosen by the type of ``controller.docker``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fdl_tasks.backends.compose import ComposeBackend
+from fdl_tasks.backends.docker_run import DockerRunBackend
+from fdl_tasks.backends.native import NativeBackend
+from fdl_tasks.backends.protocol import Backend
+from fdl_tasks.model import Cluster, ComposeService, Controller, DockerSettings
+
+#: ``controller.docker``'s type → its backend: absent, an image, or a compose service.
+BACKENDS: dict[type[object], Callable[[Controller, str], Backend]] = {
+    type(None): NativeBackend,
+    DockerSettings: DockerRunBackend,
+    ComposeService: ComposeBackend,
+}
+
+
+def backend_for(cluster: Cluster) -> Backend:
+    """The backend of the cluster's build mode (cheap: it runs nothing until asked)."""
+    controller = cluster.controller
+    return BACKENDS[type(controller.docker)](controller, cluster.source)
