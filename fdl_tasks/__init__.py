@@ -1,12 +1,21 @@
 """fdl-tasks: pre-build a Rust command once per remote GPU host, against its own libtorch.
 
-Compose the collection into your own tasks.py::
+The public API is what ``__all__`` names (docs/compose.md shows it in use):
 
-    from fdl_tasks import ns            # as the root collection: inv prebuild --cmd X
-    # or
-    ns.add_collection(fdl_tasks.ns, "fdl")   # nested: inv fdl.prebuild --cmd X
+- ``ns``, the Invoke collection, as your root collection (``from fdl_tasks
+  import ns``) or nested (``ns.add_collection(fdl_tasks.ns, "fdl")``); each
+  task is also importable from :mod:`fdl_tasks.tasks` (``prebuild``,
+  ``preflight``, ``build_host``, ``launch``, ``clean``, ``push_libtorch``);
+- :func:`prebuild` and :func:`preflight`, typed functions that run the same
+  steps from your own task and return what they did
+  (:class:`~fdl_tasks.pipeline.Published`, :class:`~fdl_tasks.probe.Verdict`);
+- :class:`FdlError` and :class:`Stopped`, what those functions raise.
+
+Every other module is internal and may change between releases.
 """
 
+from fdl_tasks.api import Published, Verdict, prebuild, preflight
+from fdl_tasks.errors import FdlError, Stopped
 from fdl_tasks.tasks import ns
 
-__all__ = ["ns"]
+__all__ = ["FdlError", "Published", "Stopped", "Verdict", "ns", "prebuild", "preflight"]

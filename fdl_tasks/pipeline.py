@@ -80,17 +80,19 @@ def report_preflight(run: Run, verdicts: Sequence[Verdict], as_json: bool) -> No
         raise FdlError(f"preflight found errors on {', '.join(failed)}; nothing was built")
 
 
-def preflight(run: Run, *, abi: bool, as_json: bool = False) -> None:
-    """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``)."""
+def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
+    """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``): every
+    host's verdict (none under --dry)."""
     skip_final_collection()
     run.warn_unlisted_controller()
     if run.dry:
         for line in dry_run_lines(run, abi=abi):
             run.report(line)
-        return
+        return []
     with Fleet(run.remotes, run.settings, run.report) as fleet:
         verdicts = run_preflight(run, fleet, abi=abi)
     report_preflight(run, verdicts, as_json)
+    return verdicts
 
 
 def resolve_crate_dir(run: Run, option: str | None, command: str) -> str:

@@ -8,12 +8,13 @@ Progress and diagnostics go to stderr; stdout carries only what ``--json``
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from invoke.collection import Collection
 from invoke.context import Context
 
 import fdl_tasks.pipeline as pipeline
-from fdl_tasks.binaries import check_binary
+from fdl_tasks.api import crate_of, publish_in_process, start_build
 from fdl_tasks.clean import clean_target_tree, stale_warning
 from fdl_tasks.cli import fdl_task, off, require_command
 from fdl_tasks.envelope import encode, hand_over
@@ -22,6 +23,9 @@ from fdl_tasks.launch import launch as launch_on_workers
 from fdl_tasks.run import Run
 from fdl_tasks.settings import namespace_defaults
 from fdl_tasks.variant_push import push_libtorch as push_libtorch_to
+
+#: What another project may import from here: the tasks and their collection.
+__all__ = ["build_host", "clean", "launch", "ns", "prebuild", "preflight", "push_libtorch"]
 
 HELP = {
     "cluster-file": "the cluster file to read (default: fdl.cluster_file, 'cluster.yaml')",
@@ -82,8 +86,7 @@ def build_host(
     worker = run.cluster.worker(host)
     if worker.host == run.controller:
         raise FdlError(f"{host!r} is the controller: its build is the normal local build")
-    crate = pipeline.resolve_crate_dir(run, crate_dir, command)
-    check_binary(command, run.root / crate)
+    crate = crate_of(run, command, crate_dir)
     published = pipeline.build_one(run, worker, command, crate)
     if published is None:
         return
@@ -126,32 +129,27 @@ def prebuild(
 ) -> None:
     """Preflight, then build CMD once per remote build environment and publish its envelope."""
     command = require_command(cmd)
-    run = Run.start(
-        c,
-        cluster_file=cluster_file,
-        controller_host=controller_host,
-        build_jobs=jobs or None,
-        build_timeout=timeout or None,
-        shared_builds=off(per_host),
-        verify=off(no_verify),
-        require_verified=require_verified or None,
-        compile_cache=off(no_cache),
-    )
+    options: dict[str, Any] = {"cluster_file": cluster_file, "controller_host": controller_host}
     if no_prebuild:
-        pipeline.preflight(run, abi=False)
+        pipeline.preflight(Run.start(c, **options), abi=False)
         return
-    crate = pipeline.resolve_crate_dir(run, crate_dir, command)
-    check_binary(command, run.root / crate)
+    options |= {
+        "build_jobs": jobs or None,
+        "build_timeout": timeout or None,
+        "shared_builds": off(per_host),
+        "verify": off(no_verify),
+        "require_verified": require_verified or None,
+        "compile_cache": off(no_cache),
+    }
+    run, crate = start_build(c, command, crate_dir, **options)
     if watch:
         from fdl_tasks.watch.session import watch_and_rebuild
 
         watch_and_rebuild(run, command, crate, as_json=json)
         return
-    hand_over(None)
-    published = pipeline.prebuild(run, command, crate)
+    published = publish_in_process(run, command, crate)
     if published is None:
         return
-    hand_over(published.text)
     stale_warning(run)
     if json:
         print(published.text)
