@@ -88,16 +88,16 @@ def clean_target_tree(run: Run, *, list_only: bool, everything: bool) -> None:
         else:
             chosen = stale_paths(run)
         if not chosen:
-            run.report(f"clean: nothing to remove under {tree}")
+            run.say(f"nothing to remove under {tree}")
             return
         sizes = {entry: disk_usage(tree / entry) for entry in chosen}
         for line in format_table(
             [("entry", "size"), *((f"{CLUSTER_TARGET}/{e}", human(s)) for e, s in sizes.items())]
         ):
-            run.report(f"clean: {line}")
+            run.say(line)
         total = human(sum(sizes.values()))
         if list_only:
-            run.report(f"clean: {len(chosen)} entries, {total}; nothing removed (dry run)")
+            run.say(f"{len(chosen)} entries, {total}; nothing removed (dry run)")
             return
         for entry in chosen:
             path = tree / entry
@@ -105,7 +105,7 @@ def clean_target_tree(run: Run, *, list_only: bool, everything: bool) -> None:
                 shutil.rmtree(path)
             else:
                 path.unlink(missing_ok=True)
-        run.report(f"clean: removed {len(chosen)} entries, {total} freed")
+        run.say(f"removed {len(chosen)} entries, {total} freed")
 
 
 def stale_warning(run: Run) -> None:

@@ -155,4 +155,4 @@ def launch(run: Run, command: str, args: Sequence[str]) -> None:
             raise Stopped(f"interrupted: {command} was stopped on every host") from None
     if failed:
         raise FdlError("launch failed on " + ", ".join(f"{h} ({why})" for h, why in failed.items()))
-    run.report(f"launch: {command} finished on {len(remotes)} host(s)")
+    run.say(f"{command} finished on {len(remotes)} host(s)")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fdl_tasks.errors import FdlError
-from fdl_tasks.reporting import Report
+from fdl_tasks.reporting import Report, Severity
 from fdl_tasks.watch.lines import busy_reason, shown
 from fdl_tasks.watch.scan import digest, entry_of
 from fdl_tasks.watch.scope import Scope
@@ -82,7 +82,7 @@ def wait_for_watch(root: Path, command: str, timeout: float, report: Report) -> 
                 "(fdl.launch_wait sets the bound)"
             )
         if reason != said:
-            report(f"launch: waiting for the prebuild watcher (pid {pid}): {reason}")
+            report(f"launch: waiting for the prebuild watcher (pid {pid}): {reason}", Severity.WAIT)
             said = reason
         time.sleep(_LAUNCH_POLL)
 
