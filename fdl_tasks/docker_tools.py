@@ -176,7 +176,7 @@ def _compose(
     compose_argv: Sequence[str], args: list[str], root: str, environment: dict[str, str], what: str
 ) -> str:
     """Run compose in the project root under a build's variables; its stdout, or an error."""
-    command = " ".join([*compose_argv, *args])
+    shown = " ".join([*compose_argv, *args])
     try:
         answer = subprocess.run(
             [*compose_argv, *args],
@@ -189,7 +189,7 @@ def _compose(
             check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise FdlError(f"cannot run {command} in {root}: {exc}") from None
+        raise FdlError(f"cannot run {shown} in {root}: {exc}") from None
     if answer.returncode != 0:
         raise FdlError(
             f"{' '.join(compose_argv)} {what} in {root} (is there a compose file?): "

@@ -110,11 +110,11 @@ def launch_all(
     the grace period) before the interrupt propagates.
     """
     workers = fleet.workers
-    commands = {h: launch_line(w, envelopes[h], cluster.env, args) for h, w in workers.items()}
+    lines = {h: launch_line(w, envelopes[h], cluster.env, args) for h, w in workers.items()}
     streams = {host: PrefixedLines(host, None, sys.stdout) for host in workers}
     try:
         with sigterm_as_interrupt():
-            outcomes = fleet.run(commands, None, streams)
+            outcomes = fleet.run(lines, None, streams)
     except KeyboardInterrupt:
         binaries = {h: join_path(w.path, envelopes[h].bin) for h, w in workers.items()}
         stops = {h: stop_processes(binary, GRACE_SECONDS) for h, binary in binaries.items()}

@@ -85,7 +85,7 @@ class _Hop(NamedTuple):
 class Fleet:
     """Fabric connections to some workers; commands fan out in ThreadingGroups.
 
-    Hosts that get the same command share one group, and groups run
+    Hosts that get the same script share one group, and groups run
     concurrently, so a whole fan-out costs one round trip of the slowest host.
     Handshakes run ``settings.ssh_window`` at a time: a host's connect, banner
     and auth clocks start when its own attempt starts, so hosts waiting their
@@ -228,26 +228,26 @@ class Fleet:
 
     def run(
         self,
-        commands: Mapping[str, str],
+        scripts: Mapping[str, str],
         timeout: float | None,
         streams: Mapping[str, TextSink] | None = None,
     ) -> dict[str, Outcome]:
-        """Run ``commands[label]`` on each host; never raises for a host's failure.
+        """Run ``scripts[label]`` on each host; never raises for a host's failure.
 
-        Hosts with the same command share one ThreadingGroup; with ``streams``
+        Hosts with the same script share one ThreadingGroup; with ``streams``
         (launch) each host's output goes, as it comes, to its own stream, so
         each host is a group of its own.
         """
-        outcomes: dict[str, Outcome] = dict(self.open(commands))
+        outcomes: dict[str, Outcome] = dict(self.open(scripts))
         groups: dict[tuple[str, str], list[str]] = {}
-        for label, command in commands.items():
+        for label, script in scripts.items():
             if label not in outcomes:
-                groups.setdefault((command, label if streams else ""), []).append(label)
+                groups.setdefault((script, label if streams else ""), []).append(label)
         pool = ThreadPoolExecutor(max_workers=max(1, len(groups)))
         try:
             jobs = [
-                pool.submit(self._run_group, labels, command, timeout, streams)
-                for (command, _), labels in groups.items()
+                pool.submit(self._run_group, labels, script, timeout, streams)
+                for (script, _), labels in groups.items()
             ]
             for job in jobs:
                 outcomes.update(job.result())
@@ -258,7 +258,7 @@ class Fleet:
     def _run_group(
         self,
         labels: list[str],
-        command: str,
+        script: str,
         timeout: float | None,
         streams: Mapping[str, TextSink] | None,
     ) -> dict[str, Outcome]:
@@ -268,7 +268,7 @@ class Fleet:
             stream = streams[labels[0]]
             output = {"hide": False, "pty": False, "out_stream": stream, "err_stream": stream}
         try:
-            results = group.run(command, warn=True, timeout=timeout, in_stream=False, **output)
+            results = group.run(script, warn=True, timeout=timeout, in_stream=False, **output)
         except GroupException as exc:
             results = exc.result
         outcomes: dict[str, Outcome] = {}

@@ -44,13 +44,13 @@ def native_line(
     env = [f"LIBTORCH_PATH={libtorch_dir(controller.path, job.build.arch)}"]
     env += [f"{k}={v}" for k, v in cross_variables(job.build).items()]
     if cache is None:
-        command = ["env", env[0], f"CARGO_TARGET_DIR={target}", *env[1:], *cargo_argv(job.build)]
+        argv = ["env", env[0], f"CARGO_TARGET_DIR={target}", *env[1:], *cargo_argv(job.build)]
     else:
         server = native_server(run_id, job.name)
         env += [f"{k}={v}" for k, v in cache.native_variables(server).items()]
         build = shlex.join([*cargo_argv(job.build), "--target-dir", target])
-        command = ["env", *env, "sh", "-c", with_stats(build, cache.binary, target)]
-    return f"cd {shlex.quote(crate)} && exec " + shlex.join(["setsid", *command])
+        argv = ["env", *env, "sh", "-c", with_stats(build, cache.binary, target)]
+    return f"cd {shlex.quote(crate)} && exec " + shlex.join(["setsid", *argv])
 
 
 class NativeBackend:
