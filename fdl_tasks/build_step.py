@@ -11,6 +11,7 @@ import secrets
 from collections.abc import Sequence
 
 from fdl_tasks.backends.protocol import Backend
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_environment import BuildJob
 from fdl_tasks.builder import Builder, JobResult, concurrency, failure_report
 from fdl_tasks.cache import CompileCache, find_cache, open_cache
@@ -70,29 +71,31 @@ def compile_cache(run: Run) -> CompileCache | None:
     return cache
 
 
+def run_backend(run: Run) -> Backend:
+    """The run's backend, made once with the run's constants: a new run id and the
+    compile cache (opened here, said either way)."""
+    return backend_for(run.cluster, secrets.token_hex(4), compile_cache(run))
+
+
 def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[JobResult]:
     """Every build to its end (the backend checked them already), or every command
     printed under ``inv --dry``; raises :class:`FdlError` with every failure."""
     settings = run.settings
-    run_id = secrets.token_hex(4)
-    cache = compile_cache(run)
     at_once = concurrency(settings.build_jobs, jobs, run.root)
     with StatusBoard(label=run.task) as board:
         builder = Builder(
             run.c,
             run.root,
             backend,
-            run_id=run_id,
             timeout=settings.build_timeout,
             jobs=at_once,
             board=board,
-            cache=cache,
         )
         if run.dry:
             for job in jobs:
                 run.report(f"[{job.name}] {builder.build_line(job)}")
             return []
-        note = backend.run_note(run_id)
+        note, run_id = backend.run_note(), backend.run_id
         run.say(
             f"{len(jobs)} build(s) with {backend.tool}, "
             f"{min(settings.jobs, len(jobs))} at a time (run {run_id}"

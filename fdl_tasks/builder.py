@@ -27,7 +27,6 @@ from fdl_tasks.atomic_files import copy_atomically, log_tail
 from fdl_tasks.backends.protocol import Backend
 from fdl_tasks.binary_check import file_sha256
 from fdl_tasks.build_environment import BuildJob
-from fdl_tasks.cache import CompileCache
 from fdl_tasks.cache_stats import CacheStats, read_stats
 from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.interrupts import sigterm_as_interrupt
@@ -89,21 +88,19 @@ class Builder:
         root: Path,
         backend: Backend,
         *,
-        run_id: str,
         timeout: float,
         jobs: int,
         board: StatusBoard,
-        cache: CompileCache | None = None,
     ) -> None:
-        self.c, self.root, self.backend, self.run_id = c, root, backend, run_id
-        self.timeout, self.jobs, self.board, self.cache = timeout, jobs, board, cache
+        self.c, self.root, self.backend, self.cache = c, root, backend, backend.cache
+        self.timeout, self.jobs, self.board = timeout, jobs, board
         self._processes: dict[str, tuple[BuildJob, int]] = {}
         self._lock = threading.Lock()
         #: What a stop or a timeout could not remove, each line with the command that does.
         self.left_running: list[str] = []
 
     def build_line(self, job: BuildJob) -> str:
-        return self.backend.build_line(job, self.run_id, self.cache)
+        return self.backend.build_line(job)
 
     def run_all(self, jobs: Sequence[BuildJob]) -> list[JobResult]:
         """Every job to its end; on an interrupt, stop them all and re-raise.
@@ -131,12 +128,8 @@ class Builder:
         """Stop every build this run started; what could not be is in :attr:`left_running`."""
         with self._lock:
             running = list(self._processes.values())
-        left = [
-            line
-            for job, process in running
-            for line in self.backend.stop_job(job, self.run_id, process, self.cache)
-        ]
-        self._left(left + self.backend.stop_run(self.run_id))
+        left = [line for job, process in running for line in self.backend.stop_job(job, process)]
+        self._left(left + self.backend.stop_run())
 
     def _left(self, lines: Sequence[str]) -> None:
         with self._lock:
@@ -246,7 +239,7 @@ class Builder:
 
     def _expire(self, job: BuildJob, process: int, expired: threading.Event) -> None:
         expired.set()
-        self._left(self.backend.stop_job(job, self.run_id, process, self.cache))
+        self._left(self.backend.stop_job(job, process))
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

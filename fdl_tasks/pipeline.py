@@ -22,10 +22,9 @@ import fdl_tasks.envelope as envelope
 from fdl_tasks.atomic_files import remove_partials
 from fdl_tasks.auto_arch import AUTO
 from fdl_tasks.backends.protocol import Backend
-from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_environment import BuildJob
 from fdl_tasks.build_plan import plan_builds
-from fdl_tasks.build_step import run_builds
+from fdl_tasks.build_step import run_backend, run_builds
 from fdl_tasks.builder import JobResult
 from fdl_tasks.copying import copy_step
 from fdl_tasks.envelope import PerHostEnvelope
@@ -161,7 +160,7 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
     pinned = cross_cpu_archs(run)
     auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
     probe = probe or auto
-    backend = backend_for(run.cluster)
+    backend = run_backend(run)
     jobs = [] if auto else plan(run, backend, run.remotes, command, crate, pinned)
     run.warn_unlisted_controller()
     if run.dry:
@@ -180,7 +179,6 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
                 run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
             cpu_archs = cross_cpu_archs(run, verdicts)
             if auto or cpu_archs != pinned:
-                backend = backend_for(run.cluster)  # the chosen archs' cluster
                 jobs = plan(run, backend, run.remotes, command, crate, cpu_archs)
                 backend.check(jobs)
         else:
@@ -291,7 +289,7 @@ def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published |
     skip_final_collection()
     require_verification_possible(run)
     cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}
-    backend = backend_for(run.cluster)
+    backend = run_backend(run)
     jobs = plan(run, backend, [worker], command, crate, cpu_archs)
     jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
     if run.dry:

@@ -101,9 +101,12 @@ class ComposeBackend(ContainerBackend):
     mode: BuildMode = "compose"
     toolchain_key = "service"
 
-    def __init__(self, controller: Controller, source: str) -> None:
+    def __init__(
+        self, controller: Controller, source: str, run_id: str, cache: CompileCache | None
+    ) -> None:
         assert isinstance(controller.docker, ComposeService), "the registry chose by type"
         self.controller, self.compose, self.source = controller, controller.docker, source
+        self.run_id, self.cache = run_id, cache
 
     @functools.cached_property
     def compose_argv(self) -> tuple[str, ...]:
@@ -145,7 +148,7 @@ class ComposeBackend(ContainerBackend):
             check_docker(images, f"the images of compose service {service!r}", self.source)
             create_compose_networks(self.compose_argv, service, root, environments[0], configs[0])
 
-    def build_line(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
+    def build_line(self, job: BuildJob) -> str:
         return compose_line(
-            job, self.controller, self.compose, self.compose_argv, run_id, self.ids, cache
+            job, self.controller, self.compose, self.compose_argv, self.run_id, self.ids, self.cache
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fdl_tasks.build_argv import JOB_LABEL, RUN_LABEL
 from fdl_tasks.build_environment import BuildJob
-from fdl_tasks.cache import CompileCache
 from fdl_tasks.docker_tools import remove_containers
 
 
@@ -17,13 +16,13 @@ class ContainerBackend:
         "stopping or restarting (it stops every container)"
     )
 
-    def stop_job(
-        self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
-    ) -> list[str]:
-        return remove_containers(f"{RUN_LABEL}={run_id}", f"{JOB_LABEL}={job.name}")
+    run_id: str
 
-    def stop_run(self, run_id: str) -> list[str]:
-        return remove_containers(f"{RUN_LABEL}={run_id}")
+    def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
+        return remove_containers(f"{RUN_LABEL}={self.run_id}", f"{JOB_LABEL}={job.name}")
 
-    def run_note(self, run_id: str) -> str:
-        return f"containers labelled {RUN_LABEL}={run_id}"
+    def stop_run(self) -> list[str]:
+        return remove_containers(f"{RUN_LABEL}={self.run_id}")
+
+    def run_note(self) -> str:
+        return f"containers labelled {RUN_LABEL}={self.run_id}"

@@ -96,9 +96,12 @@ class DockerRunBackend(ContainerBackend):
     mode: BuildMode = "docker"
     toolchain_key = "image"
 
-    def __init__(self, controller: Controller, source: str) -> None:
+    def __init__(
+        self, controller: Controller, source: str, run_id: str, cache: CompileCache | None
+    ) -> None:
         assert isinstance(controller.docker, DockerSettings), "the registry chose by type"
         self.controller, self.docker, self.source = controller, controller.docker, source
+        self.run_id, self.cache = run_id, cache
         self.user = container_user()
 
     def toolchain(
@@ -120,5 +123,5 @@ class DockerRunBackend(ContainerBackend):
             self.source,
         )
 
-    def build_line(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
-        return docker_line(job, self.controller, self.docker, run_id, self.user, cache)
+    def build_line(self, job: BuildJob) -> str:
+        return docker_line(job, self.controller, self.docker, self.run_id, self.user, self.cache)

@@ -61,8 +61,10 @@ class NativeBackend:
     mode: BuildMode = "native"
     toolchain_key = ""
 
-    def __init__(self, controller: Controller, source: str) -> None:
-        self.controller, self.source = controller, source
+    def __init__(
+        self, controller: Controller, source: str, run_id: str, cache: CompileCache | None
+    ) -> None:
+        self.controller, self.source, self.run_id, self.cache = controller, source, run_id, cache
 
     def toolchain(
         self, arch: Arch, vendor: Vendor, cross: CrossSetup | None
@@ -79,12 +81,10 @@ class NativeBackend:
                 f"controller.docker in {self.source} to build inside a container"
             )
 
-    def build_line(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
-        return native_line(job, self.controller, cache, run_id)
+    def build_line(self, job: BuildJob) -> str:
+        return native_line(job, self.controller, self.cache, self.run_id)
 
-    def stop_job(
-        self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
-    ) -> list[str]:
+    def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
         """The build's process group (its id is the process's: ``exec setsid``)."""
         left = []
         if process is not None:
@@ -97,13 +97,13 @@ class NativeBackend:
                     f"the build process group {process} of {job.name} could not be stopped "
                     f"({exc}); stop it with kill -KILL -- -{process}"
                 )
-        if cache:
-            stop_server(cache, native_server(run_id, job.name))
+        if self.cache:
+            stop_server(self.cache, native_server(self.run_id, job.name))
         return left
 
-    def stop_run(self, run_id: str) -> list[str]:
+    def stop_run(self) -> list[str]:
         """Every job was stopped one by one: its process group is all there is."""
         return []
 
-    def run_note(self, run_id: str) -> str:
+    def run_note(self) -> str:
         return ""

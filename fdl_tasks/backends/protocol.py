@@ -28,6 +28,10 @@ class Backend(Protocol):
     #: What a vendor's ``controller.gpu_builds`` entry names here (``image``, ``service``).
     toolchain_key: str
     controller: Controller
+    #: The run's constants, given at construction: its id (labels, sockets) and the
+    #: compile cache (``None``: off), wired in as the mode needs it.
+    run_id: str
+    cache: CompileCache | None
 
     @property
     def tool(self) -> str:
@@ -45,18 +49,16 @@ class Backend(Protocol):
     def check(self, jobs: Sequence[BuildJob]) -> None:
         """Before any build: every tool and image the jobs need is there (else FdlError)."""
 
-    def build_line(self, job: BuildJob, run_id: str, cache: CompileCache | None) -> str:
+    def build_line(self, job: BuildJob) -> str:
         """The job's whole shell command line, every value quoted."""
 
-    def stop_job(
-        self, job: BuildJob, run_id: str, process: int | None, cache: CompileCache | None
-    ) -> list[str]:
+    def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
         """Stop one build now (its timeout expired, or the run is stopping); what could not
         be stopped, each a line naming it and the command that removes it."""
 
-    def stop_run(self, run_id: str) -> list[str]:
+    def stop_run(self) -> list[str]:
         """After every job was stopped: whatever of the run may still be left (as
         :meth:`stop_job`, what could not be removed)."""
 
-    def run_note(self, run_id: str) -> str:
+    def run_note(self) -> str:
         """How the user finds this run's builds outside the tool ('' if nothing to say)."""

@@ -8,17 +8,19 @@ from fdl_tasks.backends.compose import ComposeBackend
 from fdl_tasks.backends.docker_run import DockerRunBackend
 from fdl_tasks.backends.native import NativeBackend
 from fdl_tasks.backends.protocol import Backend
+from fdl_tasks.cache import CompileCache
 from fdl_tasks.model import Cluster, ComposeService, Controller, DockerSettings
 
 #: ``controller.docker``'s type → its backend: absent, an image, or a compose service.
-BACKENDS: dict[type[object], Callable[[Controller, str], Backend]] = {
+BACKENDS: dict[type[object], Callable[[Controller, str, str, CompileCache | None], Backend]] = {
     type(None): NativeBackend,
     DockerSettings: DockerRunBackend,
     ComposeService: ComposeBackend,
 }
 
 
-def backend_for(cluster: Cluster) -> Backend:
-    """The backend of the cluster's build mode (cheap: it runs nothing until asked)."""
+def backend_for(cluster: Cluster, run_id: str = "", cache: CompileCache | None = None) -> Backend:
+    """The backend of the cluster's build mode, with the run's constants (a run that builds
+    nothing, such as ``clean`` or the loader, needs none); it runs nothing until asked."""
     controller = cluster.controller
-    return BACKENDS[type(controller.docker)](controller, cluster.source)
+    return BACKENDS[type(controller.docker)](controller, cluster.source, run_id, cache)

@@ -15,7 +15,7 @@ SCRIPT = """
 import sys, types
 from fdl_tasks.backends.native import NativeBackend
 job = types.SimpleNamespace(name="node-b")
-print("\\n".join(NativeBackend(None, "cluster.yaml").stop_job(job, "r1", int(sys.argv[1]), None)))
+print("\\n".join(NativeBackend(None, "cluster.yaml", "r1", None).stop_job(job, int(sys.argv[1]))))
 """
 
 
