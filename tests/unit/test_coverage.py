@@ -146,6 +146,17 @@ def test_gate_warns_for_an_unknown_name_unless_features_say(tmp_path: Path) -> N
     assert gate(_verdict(GpuReport()), explicit, tmp_path).warnings == ()
 
 
+def test_auto_falling_back_to_cpu_without_a_gpu_listed_warns(tmp_path: Path) -> None:
+    """A GPU box whose nvidia-smi is not on ssh's PATH must not silently run on its CPU."""
+    (tmp_path / "libtorch/precompiled/cpu/lib").mkdir(parents=True)
+    worker = Worker("h", "/p", arch="auto")
+    toolless = gate(_verdict(GpuReport()), worker, tmp_path)
+    assert toolless.arch == "precompiled/cpu" and toolless.status == "warning"
+    assert "no GPU tool (nvidia-smi, rocminfo, KFD's topology) answered" in toolless.warnings[0]
+    silent = gate(_verdict(GpuReport(("nvidia-smi",), ())), worker, tmp_path)
+    assert "nvidia-smi listed no GPU" in silent.warnings[0]
+
+
 def test_clean_keeps_every_variant_an_auto_host_may_get(tmp_path: Path) -> None:
     from fdl_tasks.gpu_gate import expand_auto, installed_variants
 
