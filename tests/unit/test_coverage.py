@@ -46,6 +46,10 @@ def test_arch_file_as_flodl_writes_it() -> None:
         ("8.6", ("compute_80",), True),
         ("8.0", ("compute_86",), False),  # PTX never runs on an older GPU
         ("12.0", ("6.1", "12.0"), True),
+        ("9.0", ("9.0a",), True),  # arch-specific (sm_90a): an H100 runs it
+        ("9.0", ("sm_90a",), True),
+        ("10.0", ("9.0a",), False),  # ... and nothing but 9.0 does
+        ("10.3", ("10.0f",), True),  # family-specific: its major, as plain code
     ],
 )
 def test_nvidia_binary_compatibility(cap: str, archs: tuple[str, ...], covered: bool) -> None:
