@@ -47,6 +47,8 @@ class JobResult:
     cache: CacheStats | None = None
     rebuilt: bool = False
     sha256: str = ""
+    #: When the build started (``time.monotonic``): ``--timings`` draws it.
+    started: float = 0.0
 
 
 def concurrency(configured: int, jobs: Sequence[BuildJob], root: Path) -> int:
@@ -153,7 +155,7 @@ class Builder:
                     detail=f"cannot write under {self.root / job.target_dir}: {exc}",
                 )
         self.board.finished(job.name, ok=result.ok, seconds=result.seconds, detail=result.detail)
-        return result
+        return attrs.evolve(result, started=started)
 
     def _claim_target_dir(self, job: BuildJob) -> None:
         """Record what a target dir is for; a per-host dir whose arch differs under the

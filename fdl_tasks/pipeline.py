@@ -36,6 +36,7 @@ from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
 from fdl_tasks.rules import check_crate_dir, libtorch_dir
 from fdl_tasks.run import Run
+from fdl_tasks.timings import round_trips, step
 
 
 @attrs.frozen(kw_only=True)
@@ -200,7 +201,8 @@ def build_and_publish(
         if run.settings.verify:
             built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
             delivery = verify(run, fleet, envelopes, built)
-        text = envelope.publish(run.root, command, envelopes)
+        with step(run, "publish", command):
+            text = envelope.publish(run.root, command, envelopes)
     path = envelope.published_path(run.root, command)
     run.report(f"{run.task}: envelope of {command} for {len(envelopes)} host(s) written to {path}")
     return Published(
@@ -218,7 +220,8 @@ def verify(
 ) -> Delivery:
     """Every reachable host must run its binary; an unreachable one is a warning unless
     ``fdl.require_verified``."""
-    delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
+    with round_trips(run, fleet, "verify"):
+        delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
     if delivery.problems:
         raise FdlError(
             "delivery verification failed; no envelope was published.\n"
@@ -277,7 +280,8 @@ def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published |
             delivery = verify(run, fleet, {worker.host: entry}, built)
         current = {w.host for w in run.remotes}
         merged = {h: e for h, e in published.items() if h in current} | {worker.host: entry}
-        text = envelope.publish(run.root, command, merged)
+        with step(run, "publish", command):
+            text = envelope.publish(run.root, command, merged)
     return Published(
         command=command,
         entries=merged,
