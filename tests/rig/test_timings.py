@@ -169,3 +169,15 @@ def test_no_page_without_the_option(rig: RigCluster) -> None:
     assert not PAGE.search(done.stderr)
     assert not (rig.project / "target/cluster/_timings").exists()
     assert not list((rig.project / "target/cluster").rglob("cargo-timing*.html"))
+
+
+def test_build_host_writes_its_page(rig: RigCluster) -> None:
+    path = cluster_file(rig, "one-host.yaml", docker=rig.docker_settings())
+    args = ["build-host", "--host", "t-cpu", "--cmd", "ddp-bench", "--timings"]
+    done = rig.inv(*args, "--cluster-file", str(path), env=ENV)
+    assert done.returncode == 0, done.stderr
+    data = read_page(Path(PAGE.findall(done.stderr)[0]))
+    assert data["task"] == "build-host"
+    kinds = [(s["kind"], s["name"]) for s in data["spans"]]
+    assert kinds == [("build", "t-cpu"), ("verify", "t-cpu"), ("publish", "ddp-bench")]
+    assert all(0 <= s["start"] <= s["end"] <= data["wall"] for s in data["spans"])
