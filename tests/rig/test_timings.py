@@ -33,6 +33,7 @@ ARCHS = {"t-one": "precompiled/cu128", "t-two": "precompiled/cu128", "t-cpu": "p
 ENV = {"INVOKE_FDL_COMPILE_CACHE": "0"}
 PAGE = re.compile(r"timings of this run: (\S+\.html)$", re.MULTILINE)
 MAIN_RS = "ddp-bench/src/main.rs"
+MANIFEST = "ddp-bench/Cargo.toml"
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
 
 @pytest.fixture(autouse=True)
 def fresh(rig: RigCluster) -> Iterator[None]:
-    shutil.copyfile(FIXTURE_DIR / MAIN_RS, rig.project / MAIN_RS)
+    for source in (MAIN_RS, MANIFEST):
+        shutil.copyfile(FIXTURE_DIR / source, rig.project / source)
     shutil.rmtree(rig.project / "target", ignore_errors=True)
     yield
     Running.stop_all()
@@ -181,3 +183,36 @@ def test_build_host_writes_its_page(rig: RigCluster) -> None:
     kinds = [(s["kind"], s["name"]) for s in data["spans"]]
     assert kinds == [("build", "t-cpu"), ("verify", "t-cpu"), ("publish", "ddp-bench")]
     assert all(0 <= s["start"] <= s["end"] <= data["wall"] for s in data["spans"])
+
+
+def build_starts(data: dict[str, Any]) -> list[tuple[float, float]]:
+    """(start, end) of each build of a page, by start."""
+    return sorted((s["start"], s["end"]) for s in data["spans"] if s["kind"] == "build")
+
+
+def test_a_dependency_change_with_the_cache_builds_one_first(
+    rig: RigCluster, tmp_path: Path
+) -> None:
+    """With the compile cache, a changed manifest gives one build a head start (it fills
+    the cache for the others); an edit of the code starts every build at once.
+    The builds' spans on the page show the order."""
+    archs = {"t-one": "precompiled/cu128", "t-cpu": "precompiled/cpu"}
+    workers = [rig.worker(host, arch=arch) for host, arch in archs.items()]
+    path = rig.write(workers, "cached.yaml", docker=rig.docker_settings())
+    env = {"INVOKE_FDL_COMPILE_CACHE_DIR": str(tmp_path / "sccache")}
+    args = ["prebuild", "--cmd", "ddp-bench", "--timings", "--cluster-file", str(path)]
+
+    def prebuild() -> list[tuple[float, float]]:
+        done = rig.inv(*args, env=env)
+        assert done.returncode == 0, done.stderr
+        return build_starts(read_page(Path(PAGE.findall(done.stderr)[-1])))
+
+    prebuild()  # cold: every target dir built
+    main = rig.project / MAIN_RS
+    main.write_text(main.read_text().replace('cuda={cuda}");', 'cuda={cuda} rev=d");'))
+    (first, _), (second, _) = prebuild()
+    assert second - first < 0.5  # together
+    manifest = rig.project / MANIFEST
+    manifest.write_text(manifest.read_text() + "\n")
+    (_, first_end), (second, _) = prebuild()
+    assert second >= first_end  # the second waited for the first
