@@ -20,7 +20,9 @@ from fdl_tasks.timeline import KINDS
 DATA_ID = "fdl-timings"
 COLORS = {"preflight": "#6c8ebf", "build": "#d79b00", "verify": "#82b366", "publish": "#9673a6"}
 FAILED = "#b85450"
-LABEL_WIDTH, CHART_WIDTH, ROW, TOP = 220, 720, 22, 26
+CHART_WIDTH, ROW, TOP = 720, 22, 26
+#: Pixels per character of a 12 px label (a generous average), so no label is cut.
+CHAR_WIDTH = 7.5
 
 STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
@@ -38,20 +40,22 @@ def timeline_svg(wall: float, spans: Sequence[Mapping[str, Any]]) -> str:
     """One row per span, on one time axis from 0 to the run's wall time."""
     scale = CHART_WIDTH / wall if wall > 0 else 0.0
     height = TOP + ROW * len(spans) + 8
-    width = LABEL_WIDTH + CHART_WIDTH + 60
+    longest = max((len(f"{s['kind']} {s['name']}") for s in spans), default=0)
+    label_width = round(CHAR_WIDTH * longest) + 16
+    width = label_width + CHART_WIDTH + 60
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
     for tick in _ticks(wall):
-        x = LABEL_WIDTH + tick * scale
+        x = label_width + tick * scale
         parts.append(f'<line class="axis" x1="{x:.1f}" y1="18" x2="{x:.1f}" y2="{height}"/>')
         parts.append(f'<text x="{x:.1f}" y="12" text-anchor="middle">{tick:g}s</text>')
     for index, span in enumerate(spans):
         y = TOP + index * ROW
         color = COLORS.get(span["kind"], "#999") if span["ok"] else FAILED
-        x = LABEL_WIDTH + span["start"] * scale
+        x = label_width + span["start"] * scale
         bar = max(1.0, (span["end"] - span["start"]) * scale)
         label = html.escape(f"{span['kind']} {span['name']}")
         parts += [
-            f'<text x="{LABEL_WIDTH - 8}" y="{y + 14}" text-anchor="end">{label}</text>',
+            f'<text x="{label_width - 8}" y="{y + 14}" text-anchor="end">{label}</text>',
             f'<rect x="{x:.1f}" y="{y + 3}" width="{bar:.1f}" height="{ROW - 6}" '
             f'fill="{color}"><title>{label}: {span["seconds"]:.3f}s</title></rect>',
             f'<text x="{x + bar + 4:.1f}" y="{y + 14}">{span["seconds"]:.2f}s</text>',

@@ -105,3 +105,14 @@ def test_cargo_report_is_this_builds_newest(tmp_path: Path) -> None:
         cargo_report(tmp_path, since=new.stat().st_mtime + 60) is None
     )  # written before this build
     assert KEEP >= 2
+
+
+def test_the_label_column_fits_the_longest_label() -> None:
+    timeline = ticking(0.0, 1.0)
+    name = "precompiled-cu128-217a5a6e76-and-then-some"
+    timeline.add("build", name, 0.0, 1.0)
+    page = render(timeline.data())
+    bar_x = float(re.findall(r'<rect x="([\d.]+)"', page)[0])
+    label_x = float(re.findall(r'<text x="([\d.]+)" y="\d+" text-anchor="end">', page)[0])
+    assert label_x >= 7 * len(f"build {name}")  # right-aligned there, starting past 0
+    assert bar_x >= label_x
