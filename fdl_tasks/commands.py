@@ -34,7 +34,8 @@ def cargo_argv(spec: BuildSpec) -> list[str]:
     """``cargo build --release [--features cuda] [--target T] --bin <cmd>`` (flodl's order)."""
     features = ["--features", ",".join(spec.features)] if spec.features else []
     target = ["--target", spec.cross.target] if spec.cross else []
-    return ["cargo", "build", "--release", *features, *target, "--bin", spec.command]
+    timings = ["--timings"] if spec.timings else []
+    return ["cargo", "build", "--release", *features, *target, *timings, "--bin", spec.command]
 
 
 def cross_variables(spec: BuildSpec) -> dict[str, str]:

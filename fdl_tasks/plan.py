@@ -59,6 +59,8 @@ class BuildSpec:
     cross: CrossBuild | None = None
     mode: BuildMode = "docker"
     service: str | None = None  # compose mode: the service that builds
+    #: cargo ``--timings`` (its own report in the target dir); changes no output.
+    timings: bool = False
 
     @property
     def cpu_arch(self) -> str | None:

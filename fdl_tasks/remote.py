@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -91,6 +92,8 @@ class Fleet:
         self.settings = settings
         self.workers: dict[str, Worker] = {w.host: w for w in workers}
         self.failed: dict[str, Failure] = {}
+        #: Every round trip so far: host, start, end (monotonic), whether it ran (``--timings``).
+        self.rounds: list[tuple[str, float, float, bool]] = []
         self._config_files = "".join(
             read_config(path) for path in (settings.ssh_config, settings.system_ssh_config)
         )
@@ -228,7 +231,10 @@ class Fleet:
         (launch) each host's output goes, as it comes, to its own stream, so
         each host is a group of its own.
         """
+        started = time.monotonic()
         outcomes: dict[str, Outcome] = dict(self.open(commands))
+        opened = time.monotonic()
+        self.rounds += [(label, started, opened, False) for label in outcomes]
         groups: dict[tuple[str, str], list[str]] = {}
         for label, command in commands.items():
             if label not in outcomes:
@@ -236,7 +242,7 @@ class Fleet:
         pool = ThreadPoolExecutor(max_workers=max(1, len(groups)))
         try:
             jobs = [
-                pool.submit(self._run_group, labels, command, timeout, streams)
+                pool.submit(self._timed_group, started, labels, command, timeout, streams)
                 for (command, _), labels in groups.items()
             ]
             for job in jobs:
@@ -244,6 +250,12 @@ class Fleet:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # an interrupt must not wait here
         return outcomes
+
+    def _timed_group(self, started: float, labels: list[str], *args: Any) -> dict[str, Outcome]:
+        done = self._run_group(labels, *args)
+        ended = time.monotonic()
+        self.rounds += [(x, started, ended, isinstance(o, Reply)) for x, o in done.items()]
+        return done
 
     def _run_group(
         self,

@@ -16,6 +16,7 @@ from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.rules import HOST_NAME_ENV, controller_label, remote_workers
 from fdl_tasks.settings import Settings
+from fdl_tasks.timeline import Timeline
 
 #: Where progress and diagnostics go: one line of text at a time.
 Report = Callable[[str], None]
@@ -39,6 +40,8 @@ class Run:
     task: str = "prebuild"
     #: The controller's label is this machine's hostname (no option, setting or variable).
     by_hostname: bool = False
+    #: ``--timings``: where each step records its spans (``None``: not asked for).
+    timeline: Timeline | None = None
 
     @classmethod
     def start(cls, c: Context, *, label: str = "prebuild", **options: Any) -> Run:

@@ -22,6 +22,7 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.launch import launch as launch_on_workers
 from fdl_tasks.run import Run
 from fdl_tasks.settings import namespace_defaults
+from fdl_tasks.timings import recorded
 from fdl_tasks.variant_push import push_libtorch as push_libtorch_to
 
 HELP = {
@@ -32,6 +33,8 @@ HELP = {
     "crate-dir": "crate directory relative to controller.path (default: <cmd>/ if it holds "
     "a Cargo.toml, else the project root)",
     "no-cache": "build without the compile cache (sccache), every build from scratch",
+    "timings": "write an HTML timeline of the run (with cargo's --timings report of each "
+    "build) under target/cluster/_timings/ (default: fdl.timings)",
 }
 
 
@@ -72,6 +75,7 @@ def build_host(
     cluster_file: str | None = None,
     controller_host: str | None = None,
     no_cache: bool = False,
+    timings: bool = False,
     json: bool = False,
 ) -> None:
     """Build one host's binary against its own libtorch, verify it, update its envelope entry."""
@@ -79,13 +83,16 @@ def build_host(
         raise FdlError("--host is required: the label of the worker to build for")
     command = require_command(cmd)
     options = {"cluster_file": cluster_file, "controller_host": controller_host}
-    run = Run.start(c, **options, compile_cache=off(no_cache), label="build-host")
+    run = Run.start(
+        c, **options, compile_cache=off(no_cache), timings=timings or None, label="build-host"
+    )
     worker = run.cluster.worker(host)
     if worker.host == run.controller:
         raise FdlError(f"{host!r} is the controller: its build is the normal local build")
     crate = pipeline.resolve_crate_dir(run, crate_dir, command)
     check_binary(command, run.root / crate)
-    published = pipeline.build_one(run, worker, command, crate)
+    with recorded(run, command) as timed:
+        published = pipeline.build_one(timed, worker, command, crate)
     if published is None:
         return
     os.environ[ENV_PREBUILD_PER_HOST] = published.text
@@ -122,6 +129,7 @@ def prebuild(
     require_verified: bool = False,
     timeout: int = 0,
     no_cache: bool = False,
+    timings: bool = False,
     watch: bool = False,
     json: bool = False,
 ) -> None:
@@ -137,6 +145,7 @@ def prebuild(
         verify=off(no_verify),
         require_verified=require_verified or None,
         compile_cache=off(no_cache),
+        timings=timings or None,
     )
     if no_prebuild:
         pipeline.preflight(run, abi=False)
@@ -149,7 +158,8 @@ def prebuild(
         watch_and_rebuild(run, command, crate, as_json=json)
         return
     os.environ.pop(ENV_PREBUILD_PER_HOST, None)
-    published = pipeline.prebuild(run, command, crate)
+    with recorded(run, command) as timed:
+        published = pipeline.prebuild(timed, command, crate)
     if published is None:
         return
     os.environ[ENV_PREBUILD_PER_HOST] = published.text

@@ -20,6 +20,7 @@ from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.run import Run
+from fdl_tasks.timings import recorded
 from fdl_tasks.watch.buildscripts import target_dirs
 from fdl_tasks.watch.files import StateFile, WatchFiles, hold_lock, touch_stamp
 from fdl_tasks.watch.lines import (
@@ -127,7 +128,8 @@ class Session:
                 self.reload_cluster()
                 self.probe = True
             run = self.run if first else self.quiet_run(lines)
-            published = pipeline.prebuild(run, self.command, self.crate, probe=self.probe)
+            with recorded(run, self.command, self.run.report) as run:
+                published = pipeline.prebuild(run, self.command, self.crate, probe=self.probe)
         except FdlError as exc:
             os.environ.pop(ENV_PREBUILD_PER_HOST, None)
             self.last_ok, self.probe = False, True
