@@ -27,8 +27,10 @@ within a repetition; medians):
   prebuild`` of the 3 variants (preflight, 3 builds, verification over ssh,
   publication) vs the same edit in a copy of the project then the bare
   incremental ``docker run ... cargo build`` of one variant that ``inv --dry
-  prebuild`` prints for a one-host cluster: target <= 3.0;
-- L3 "no-op": the same two with nothing changed (report).
+  prebuild`` prints for a one-host cluster: target <= 2.2 (on 2 cores 3
+  incremental builds cannot take less than about 1.5x one);
+- L3 "no-op": the same two with nothing changed: target <= 2.5;
+- L5 "dependency change": :mod:`bench.depchange` (3 variants vs 1, target <= 1.5).
 
 L2 and L3 are taken twice: with the default settings (the compile cache on,
 ``L2``/``L3``) and with ``--no-cache`` (``L2n``/``L3n``: the same target dirs
@@ -57,6 +59,7 @@ from typing import Any
 
 from bench import flodl_crate
 from bench.bare import bare, bare_command
+from bench.depchange import dependency_changes
 from bench.run import BenchError
 from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.envelope import decode
@@ -124,8 +127,9 @@ class Timed:
         return phases
 
 
-def inv(rig: RigCluster, *args: str) -> Timed:
-    running = Running(inv_argv(*args), rig.root, rig.environment(ENV), stdin=subprocess.DEVNULL)
+def inv(rig: RigCluster, *args: str, env: dict[str, str] | None = None) -> Timed:
+    environment = rig.environment(env or ENV)
+    running = Running(inv_argv(*args), rig.root, environment, stdin=subprocess.DEVNULL)
     code = running.finish(900)
     timed = Timed(running, running.seconds, code)
     if code != 0:
@@ -263,9 +267,9 @@ def loop_rows(setup: Setup, reps: int, options: list[str], suffix: str) -> tuple
     again with nothing changed."""
     mode = "no cache" if options else "default settings (compile cache on)"
     edit_row = Row(
-        f"L2{suffix}", f"edit loop, 3 variants vs 1 bare build, {mode}", "inv", "bare", 3.0
+        f"L2{suffix}", f"edit loop, 3 variants vs 1 bare build, {mode}", "inv", "bare", 2.2
     )
-    noop_row = Row(f"L3{suffix}", f"no-op, 3 variants vs 1 bare build, {mode}", "inv", "bare", None)
+    noop_row = Row(f"L3{suffix}", f"no-op, 3 variants vs 1 bare build, {mode}", "inv", "bare", 2.5)
     rig = setup.rig
     log(f"L2{suffix}: warming both target trees ({mode})")
     prebuild(rig, setup.three, FIRST, *options)
@@ -284,6 +288,24 @@ def loop_rows(setup: Setup, reps: int, options: list[str], suffix: str) -> tuple
             f"{edit_row.b[-1]:.2f}s; no-op {noop_row.a[-1]:.2f}s vs bare {noop_row.b[-1]:.2f}s"
         )
     return edit_row, noop_row
+
+
+def dependency_row(setup: Setup, reps: int) -> Row:
+    """L5: a dependency change, 3 variants vs 1 (:mod:`bench.depchange`), cache on."""
+    what = "dependency change, 3 variants in existing target dirs vs 1 variant, cache on"
+    row = Row("L5", what, "3 variants", "1 variant", 1.5)
+    own_cache = {"INVOKE_FDL_COMPILE_CACHE_DIR": str(STATE / "sccache-one")}
+    one = ["prebuild", "--cmd", FIRST, "--crate-dir", CRATE_DIR, "--cluster-file", str(setup.one)]
+    samples = dependency_changes(
+        [setup.project / CRATE_DIR, setup.copy / CRATE_DIR],
+        reps,
+        lambda: prebuild(setup.rig, setup.three, FIRST),
+        lambda: inv(setup.rig, *one, env=own_cache),
+        log,
+    )
+    for three, single in samples:
+        row.record(three.seconds, single.seconds, three)
+    return row
 
 
 def table(rows: Sequence[Row]) -> str:
@@ -306,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--reps", type=int, default=3, help="repetitions of L1 (cold builds)")
     parser.add_argument("--loop-reps", type=int, default=5, help="repetitions of L2/L3")
-    parser.add_argument("--only", default="L1,L2,L2n", help="row groups: L1, L2, L2n")
+    parser.add_argument("--only", default="L1,L2,L2n,L5", help="row groups: L1, L2, L2n, L5")
     args = parser.parse_args(argv)
     groups = {g.strip() for g in args.only.split(",") if g.strip()}
     shutil.rmtree(STATE, ignore_errors=True)
@@ -321,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += loop_rows(setup, args.loop_reps, NO_CACHE, "n")
         if "L2" in groups:
             rows += loop_rows(setup, args.loop_reps, [], "")
+        if "L5" in groups:
+            rows.append(dependency_row(setup, args.loop_reps))
     report = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": {

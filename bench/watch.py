@@ -10,7 +10,9 @@ One run brings up 3 simulated hosts (sshd on 127.0.3.1-3) on 3 libtorch
 variants (``precompiled/cu128``, ``precompiled/cu126``, ``precompiled/cpu``),
 Docker builds in the rig's builder image, no compile cache. For each crate
 (``small``: the rig's ``ddp-bench`` fixture; ``big``: the generated
-``big-bench``, :mod:`bench.crate_gen`), A and B alternate:
+``big-bench``, :mod:`bench.crate_gen`; ``flodl``: the flodl-shaped workspace of
+:mod:`bench.flodl_crate` at its ``loop`` size, real third-party crates and two
+binaries, written over the project, so best run alone), A and B alternate:
 
 A. a one-line edit of ``src/main.rs`` in the watched project, timed from the
    write to the arrival of the watcher's ``watch: cycle N ok`` line: 3 builds,
@@ -41,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import crate_gen
+from bench import crate_gen, flodl_crate
 from bench.bare import bare, bare_command
 from bench.run import BenchError
 from fdl_tasks.envelope import decode
@@ -55,7 +57,9 @@ RESULTS = Path(__file__).resolve().parent / "watch-results.json"
 HOSTS = [HostSpec(f"wb{i}", f"127.0.3.{i}") for i in (1, 2, 3)]
 VARIANTS = ("precompiled/cu128", "precompiled/cu126", "precompiled/cpu")
 ENV = {"INVOKE_FDL_COMPILE_CACHE": "0"}
-CRATES = {"small": "ddp-bench", "big": crate_gen.DEFAULT_NAME}
+CRATES = {"small": "ddp-bench", "big": crate_gen.DEFAULT_NAME, "flodl": flodl_crate.COMMAND}
+#: The flodl crate's stub libtorch ABI of each variant (its build script checks it).
+FLODL_ABIS = (2071, 2082, 2063)
 _CYCLE = re.compile(r"^watch: cycle (\d+) (ok|FAILED) in ([\d.]+)s")
 
 
@@ -125,6 +129,10 @@ def bench_crate(rig: RigCluster, key: str, reps: int, debounce: float) -> dict[s
     if key == "big":
         crate_gen.generate(watched / command)
         crate_gen.generate(copy / command)
+    if key == "flodl":
+        for root in (watched, copy):
+            flodl_crate.generate(root, flodl_crate.LOOP)
+            flodl_crate.layout_variants(root, dict(zip(VARIANTS, FLODL_ABIS, strict=True)))
     three = cluster(rig, watched, f"watch-{key}.yaml", HOSTS)
     one = cluster(rig, copy, f"bare-{key}.yaml", HOSTS[:1])
     argv = bare_command(rig, one, ["--cmd", command], ENV)
@@ -178,7 +186,7 @@ def summary(samples: dict[str, list[float]]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.watch", description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--crates", default="small,big", help="small, big or both")
+    parser.add_argument("--crates", default="small,big", help="small, big, flodl (alone)")
     parser.add_argument("--debounce", type=float, default=0.3, help="fdl.watch_debounce")
     args = parser.parse_args(argv)
     keys = [k.strip() for k in args.crates.split(",") if k.strip()]

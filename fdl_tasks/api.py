@@ -20,6 +20,7 @@ from fdl_tasks.names import check_command
 from fdl_tasks.pipeline import Published
 from fdl_tasks.probe import Verdict
 from fdl_tasks.run import Run
+from fdl_tasks.timings import recorded
 
 __all__ = ["Published", "Verdict", "prebuild", "preflight"]
 
@@ -41,9 +42,11 @@ def crate_of(run: Run, command: str, crate_dir: str | None) -> str:
 
 
 def publish_in_process(run: Run, command: str, crate: str) -> Published | None:
-    """The prebuild; its envelope handed to a launch later in this process."""
+    """The prebuild (its timings page written when ``fdl.timings`` is on); its envelope
+    handed to a launch later in this process."""
     hand_over(None)
-    published = pipeline.prebuild(run, command, crate)
+    with recorded(run, command) as timed:
+        published = pipeline.prebuild(timed, command, crate)
     if published is not None:
         hand_over(published.text)
     return published

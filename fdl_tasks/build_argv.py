@@ -35,7 +35,8 @@ def cargo_argv(build: Build) -> list[str]:
     """``cargo build --release [--features cuda] [--target T] --bin <cmd>`` (flodl's order)."""
     features = ["--features", ",".join(build.features)] if build.features else []
     target = ["--target", build.cross.target] if build.cross else []
-    return ["cargo", "build", "--release", *features, *target, "--bin", build.command]
+    timings = ["--timings"] if build.timings else []
+    return ["cargo", "build", "--release", *features, *target, *timings, "--bin", build.command]
 
 
 def cross_variables(build: Build) -> dict[str, str]:

@@ -83,6 +83,8 @@ class Build:
     environment: BuildEnvironment
     command: str
     crate_dir: str
+    #: cargo ``--timings`` (its own report in the target dir); changes no output.
+    timings: bool = False
 
     @property
     def arch(self) -> Arch:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
+import attrs
+
 from fdl_tasks.backends.protocol import Backend
 from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_environment import BuildJob
@@ -19,6 +21,7 @@ from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
+from fdl_tasks.timings import record_builds
 
 #: What the summary's cache column means, printed under the table when it has counts.
 CACHE_NOTE = (
@@ -84,6 +87,8 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
     """Every build to its end (the backend checked them already), or every command
     printed under ``inv --dry``; raises :class:`FdlError` with every failure."""
     settings = run.settings
+    if run.timeline is not None:  # cargo's own report of each build, linked from the page
+        jobs = [attrs.evolve(job, build=attrs.evolve(job.build, timings=True)) for job in jobs]
     if settings.compile_cache and not run.dry:
         say_cache(run, backend.cache)
     at_once = concurrency(settings.build_jobs, jobs, run.root)
@@ -119,6 +124,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
             raise Stopped(
                 "interrupted: every build of this run was stopped; no envelope was published"
             ) from None
+    record_builds(run, results, mode=backend.tool)
     for line in summary_lines(results):
         run.report(line)
     failures = [r for r in results if not r.ok]

@@ -31,6 +31,7 @@ from fdl_tasks.cache_stats import CacheStats, read_stats
 from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.layout import MARKER_FILE
+from fdl_tasks.manifests import changed_since
 from fdl_tasks.names import join_path
 from fdl_tasks.variants import libtorch_dir
 
@@ -48,6 +49,8 @@ class JobResult:
     cache: CacheStats | None = None
     rebuilt: bool = False
     sha256: str = ""
+    #: When the build started (``time.monotonic``): ``--timings`` draws it.
+    started: float = 0.0
 
 
 def concurrency(configured: int, jobs: Sequence[BuildJob], root: Path) -> int:
@@ -66,10 +69,11 @@ def concurrency(configured: int, jobs: Sequence[BuildJob], root: Path) -> int:
     return max(1, min(bound, len(jobs)))
 
 
-def head_start(*, cached: bool, cold: bool, builds: int) -> int:
-    """How many builds run before the others start: one when a cold compile cache
-    can be warmed for the rest, else none (without a cache nothing waits)."""
-    return 1 if cached and cold and builds > 1 else 0
+def head_start(*, cached: bool, cold: bool, builds: int, dependencies: bool = False) -> int:
+    """How many builds run before the others start: one when the compile cache can be
+    warmed for the rest (every target dir cold, or ``dependencies`` changed since the
+    last builds: :mod:`fdl_tasks.manifests`), else none (without a cache nothing waits)."""
+    return 1 if cached and (cold or dependencies) and builds > 1 else 0
 
 
 def _all_warm(jobs: Sequence[BuildJob], root: Path) -> bool:
@@ -105,13 +109,22 @@ class Builder:
     def run_all(self, jobs: Sequence[BuildJob]) -> list[JobResult]:
         """Every job to its end; on an interrupt, stop them all and re-raise.
 
-        With the compile cache and no target dir built yet, the first build runs
-        alone: builds started together would find the cache empty and share
-        nothing. Once a target dir exists, the head start would only cost time.
+        With the compile cache and no target dir built yet, or the dependencies
+        changed since the last builds, the first build runs alone: builds started
+        together would find the cache empty and share nothing. Otherwise (an edit
+        of the workspace's own code) the head start would only cost time.
         """
         pool = ThreadPoolExecutor(max_workers=max(1, min(self.jobs, len(jobs))))
-        cold = not any((self.root / job.target_dir / MARKER_FILE).exists() for job in jobs)
-        first = head_start(cached=self.cache is not None, cold=cold, builds=len(jobs))
+        markers = [self.root / job.target_dir / MARKER_FILE for job in jobs]
+        cold = not any(marker.exists() for marker in markers)
+        cached = self.cache is not None
+        changed = (
+            cached
+            and not cold
+            and len(jobs) > 1
+            and changed_since({self.root / job.build.crate_dir for job in jobs}, markers)
+        )
+        first = head_start(cached=cached, cold=cold, builds=len(jobs), dependencies=changed)
         try:
             with sigterm_as_interrupt():
                 results = [self.run_one(job) for job in jobs[:first]]
@@ -157,7 +170,7 @@ class Builder:
                     job=job, ok=False, seconds=time.monotonic() - started, detail=detail
                 )
         self.board.finished(job.name, ok=result.ok, seconds=result.seconds, detail=result.detail)
-        return result
+        return attrs.evolve(result, started=started)
 
     def _claim_target_dir(self, job: BuildJob) -> None:
         """Record what a target dir is for; a per-host dir whose arch differs under the

@@ -20,7 +20,7 @@ from fdl_tasks.gpus import VENDOR_NAMES, Gpu, GpuReport, Vendor, basename
 CUDA_MIN_DRIVER: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
 
 _CUDA_NAME = re.compile(r"cu(\d+)(\d)(?![0-9])")
-_CAPABILITY = re.compile(r"(?:sm_|compute_)?(\d+)\.?(\d)(\+ptx)?", re.IGNORECASE)
+_CAPABILITY = re.compile(r"(?:sm_|compute_)?(\d+)\.?(\d)([af])?(\+ptx)?", re.IGNORECASE)
 
 
 @attrs.frozen
@@ -49,14 +49,17 @@ def parse_arch_file(text: str) -> ArchFile:
     )
 
 
-def capability(token: str) -> tuple[int, int, bool] | None:
-    """``8.6`` / ``86`` / ``sm_86`` → (8, 6, False); ``8.6+PTX`` / ``compute_86`` →
-    (8, 6, True): PTX, which the driver compiles for the GPU it runs on."""
+def capability(token: str) -> tuple[int, int, bool, bool] | None:
+    """``8.6`` / ``86`` / ``sm_86`` → (8, 6, False, False); ``8.6+PTX`` / ``compute_86`` →
+    (8, 6, True, False): PTX, which the driver compiles for the GPU it runs on;
+    ``9.0a`` / ``sm_90a`` → (9, 0, False, True): arch-specific code, for exactly 9.0
+    (``f``, family-specific, counts as plain code of its major)."""
     match = _CAPABILITY.fullmatch(token)
     if not match:
         return None
-    ptx = bool(match.group(3)) or token.lower().startswith("compute_")
-    return int(match.group(1)), int(match.group(2)), ptx
+    ptx = bool(match.group(4)) or token.lower().startswith("compute_")
+    exact = (match.group(3) or "").lower() == "a"
+    return int(match.group(1)), int(match.group(2)), ptx, exact
 
 
 def nvidia_covered(cap: str, archs: tuple[str, ...]) -> bool:
@@ -70,8 +73,11 @@ def nvidia_covered(cap: str, archs: tuple[str, ...]) -> bool:
         built = capability(token)
         if built is None:
             continue
-        major, minor, ptx = built
-        if (major, minor) <= gpu[:2] and (ptx or major == gpu[0]):
+        major, minor, ptx, exact = built
+        if exact:
+            if (major, minor) == gpu[:2]:
+                return True
+        elif (major, minor) <= gpu[:2] and (ptx or major == gpu[0]):
             return True
     return False
 

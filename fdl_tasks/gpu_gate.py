@@ -52,7 +52,10 @@ def installed_variants(root: Path) -> list[Installed]:
     found = []
     for family in ("precompiled", "builds"):
         directory = Path(libtorch_root(str(root))) / family
-        children = sorted(directory.iterdir()) if directory.is_dir() else []
+        try:
+            children = sorted(directory.iterdir()) if directory.is_dir() else []
+        except OSError:  # an unreadable family offers no candidate (auto then says none fit)
+            children = []
         for child in children:
             arch = f"{family}/{child.name}"
             try:
@@ -83,6 +86,19 @@ def _choose_arch(verdict: Verdict, worker: Worker, root: Path) -> Verdict | Work
     return attrs.evolve(worker, arch=choice.arch)
 
 
+def _cpu_by_default(chosen: str, tools: Sequence[str]) -> str:
+    """auto fell back to a CPU variant because no GPU was listed: say why it may be wrong."""
+    why = (
+        f"{', '.join(tools)} listed no GPU"
+        if tools
+        else "no GPU tool (nvidia-smi, rocminfo, KFD's topology) answered over ssh"
+    )
+    return (
+        f"arch: auto chose the CPU-only {chosen}: {why}; if this host has GPUs, put the tool "
+        "on the non-interactive ssh PATH or set its arch"
+    )
+
+
 def gate(verdict: Verdict, worker: Worker, root: Path) -> Verdict:
     """The verdict with the host's GPU errors, warnings and notes added.
 
@@ -100,6 +116,8 @@ def gate(verdict: Verdict, worker: Worker, root: Path) -> Verdict:
         verdict = attrs.evolve(verdict, notes=(*verdict.notes, f"arch: auto chose {chosen}"))
     assert worker.arch is not None
     warnings = list(verdict.warnings)
+    if chosen and not facts.gpus.gpus and vendor_of(chosen, worker.features) == "cpu":
+        warnings.append(_cpu_by_default(chosen, facts.gpus.tools))
     naming = None if worker.features is not None else unknown_name_warning(worker.arch)
     if naming:
         warnings.append(naming)

@@ -16,21 +16,23 @@ _QUERY = "--format=csv,noheader"
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
 
 #: How long one GPU tool may take: a wedged driver can hang nvidia-smi, and the
-#: probe's other answers must still arrive within the probe's budget.
-TOOL_SECONDS = 15
+#: probe's other answers must still arrive within the probe's budget (``fdl.probe_timeout``,
+#: 20 s by default): at most three tool calls (a hung query is not asked again) stay under it.
+TOOL_SECONDS = 5
 
 #: POSIX sh, always exit 0. nvidia-smi: the four fields, else (a driver older than
 #: ``compute_cap``, about 510) the three others; rocminfo: each agent's fields at the
 #: agents' two-space indent (ISA names are indented deeper); no rocminfo: KFD's topology.
-#: Each tool runs under timeout(1) where the host has it.
+#: Each tool runs under timeout(1) where the host has it; a query that timed out (124)
+#: is not asked again in the older form.
 GPU_FACT_LINES = (
     "t=''",
     f"if command -v timeout >/dev/null 2>&1; then w='timeout {TOOL_SECONDS}'; else w=''; fi",
     'if command -v nvidia-smi >/dev/null 2>&1; then t="$t nvidia-smi"; '
-    f"if q=$($w nvidia-smi --query-gpu=index,name,compute_cap,driver_version {_QUERY} 2>/dev/null)"
-    "; then printf '%s\\n' \"$q\" | sed 's/^/nvidia=/'; "
-    f"else $w nvidia-smi --query-gpu=index,name,driver_version {_QUERY} 2>/dev/null "
-    "| sed 's/^/nvidia_nocap=/'; fi; fi",
+    f"q=$($w nvidia-smi --query-gpu=index,name,compute_cap,driver_version {_QUERY} 2>/dev/null)"
+    "; s=$?; if [ \"$s\" -eq 0 ]; then printf '%s\\n' \"$q\" | sed 's/^/nvidia=/'; "
+    f'elif [ "$s" -ne 124 ]; then $w nvidia-smi --query-gpu=index,name,driver_version {_QUERY} '
+    "2>/dev/null | sed 's/^/nvidia_nocap=/'; fi; fi",
     'if command -v rocminfo >/dev/null 2>&1; then t="$t rocminfo"; $w rocminfo 2>/dev/null '
     "| sed -n -E 's/^  (Name|Marketing Name|Device Type):[[:space:]]*(.*)$/rocm=\\1:\\2/p'; "
     f'elif [ -d {KFD_NODES} ]; then t="$t kfd"; for p in {KFD_NODES}/*/properties; do '

@@ -7,6 +7,7 @@ Pure logic. The tree, relative to the project root::
       <host>/<arch-slug>[-<cpu>]/          the host's own binaries (``--per-host``: its build)
       _envelopes/<command>.json            the published envelope of each command
       _watch/                              ``prebuild --watch`` state
+      _timings/<command>-<stamp>.html      ``--timings`` pages, the last few per command
       _prebuild.lock                       one prebuild (or clean) per project at a time
 
 A shared target dir is keyed by what changes the compiled output of every
@@ -37,12 +38,18 @@ SHARED_DIR = f"{CLUSTER_TARGET}/_shared"
 ENVELOPES_DIR = f"{CLUSTER_TARGET}/_envelopes"
 #: ``prebuild --watch`` keeps its state here.
 WATCH_DIR = f"{CLUSTER_TARGET}/_watch"
+#: ``--timings`` pages, one per run (or watch cycle).
+TIMINGS_DIR = f"{CLUSTER_TARGET}/_timings"
+#: Where cargo's own ``--timings`` writes its reports, inside a target dir.
+CARGO_TIMINGS_DIR = "cargo-timings"
 #: Held while a prebuild (or a clean) works on the tree.
 LOCK_FILE = f"{CLUSTER_TARGET}/_prebuild.lock"
 #: In each target dir: the identity of the build environment it holds.
 MARKER_FILE = ".fdl-build.json"
 #: Entries of ``target/cluster/`` that are the tool's own, not target dirs.
-OWN_ENTRIES = frozenset(p.rsplit("/", 1)[1] for p in (ENVELOPES_DIR, WATCH_DIR, LOCK_FILE))
+OWN_ENTRIES = frozenset(
+    p.rsplit("/", 1)[1] for p in (ENVELOPES_DIR, WATCH_DIR, TIMINGS_DIR, LOCK_FILE)
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -124,6 +131,11 @@ def built_binary(target_dir: str, command: str, rust_target: str | None = None) 
 def log_file(target_dir: str, command: str) -> str:
     """One build log per command in a target dir (several commands share one)."""
     return f"{target_dir}/build-{command}.log"
+
+
+def timings_page(command: str, stamp: str) -> str:
+    """One run's ``--timings`` page; ``stamp`` (UTC, sortable) orders the kept pages."""
+    return f"{TIMINGS_DIR}/{command}-{stamp}.html"
 
 
 def envelope_file(command: str) -> str:

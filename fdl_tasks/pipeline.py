@@ -39,6 +39,7 @@ from fdl_tasks.probe import Verdict, report_lines
 from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
+from fdl_tasks.timings import round_trips, step
 from fdl_tasks.variants import libtorch_dir
 from fdl_tasks.verification import Delivery, verify_delivery
 
@@ -220,7 +221,8 @@ def build_and_publish(
         copy_step(run, fleet, envelopes, built)  # copy hosts: upload what is missing
         delivery = verify_hosts(run, fleet, envelopes, built) if run.settings.verify else None
         merged = kept | envelopes
-        text = envelope.publish(run.root, command, merged)
+        with step(run, "publish", command):
+            text = envelope.publish(run.root, command, merged)
     run.say(f"envelope of {command} for {len(merged)} host(s) written to {path}")
     return Published(
         command=command,
@@ -254,7 +256,8 @@ def verify_hosts(
 ) -> Delivery:
     """Every reachable host must run its binary; an unreachable one is a warning unless
     ``fdl.require_verified``."""
-    delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
+    with round_trips(run, fleet, "verify"):
+        delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
     if delivery.problems:
         raise FdlError(
             "delivery verification failed; no envelope was published.\n"
@@ -280,12 +283,8 @@ def require_verification_possible(run: Run) -> None:
 
 
 def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published | None:
-    """``build-host``: one host's build, verified and published into the command's envelope.
-
-    The host's entry replaces its old one in the command's published envelope
-    (the other current hosts' entries still match their binaries); without a
-    published envelope, the new one holds this host alone.
-    """
+    """``build-host``: one host's build, verified; its entry replaces its old one in the
+    command's envelope (the other current hosts' entries still match their binaries)."""
     skip_final_collection()
     require_verification_possible(run)
     cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}

@@ -24,6 +24,7 @@ from fdl_tasks.probe import (
 from fdl_tasks.remote import Fleet
 from fdl_tasks.run import Run
 from fdl_tasks.settings import Settings
+from fdl_tasks.timings import round_trips, step
 
 
 def local_build_environment(cross: Iterable[str] = ()) -> BuildEnvironment:
@@ -121,7 +122,8 @@ def run_preflight(run: Run, fleet: Fleet, *, abi: bool) -> list[Verdict]:
         + (" with the ABI gate" if abi else "")
         + " and the controller locally"
     )
-    return [
-        probe_controller(run.cluster, run.controller, run.settings),
-        *probe_remotes(fleet, remotes, run.settings, abi, run.cluster.controller.cross, run.root),
-    ]
+    with step(run, "preflight", run.controller):
+        local = probe_controller(run.cluster, run.controller, run.settings)
+    with round_trips(run, fleet, "preflight"):
+        cross = run.cluster.controller.cross
+        return [local, *probe_remotes(fleet, remotes, run.settings, abi, cross, run.root)]

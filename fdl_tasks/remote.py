@@ -2,16 +2,16 @@
 
 Each worker's ``ssh.options`` become an ssh_config block placed before the
 user's own ``~/.ssh/config`` and the system's ``/etc/ssh/ssh_config``, so
-Fabric applies them exactly as OpenSSH would (first value wins). Host keys are
-checked as OpenSSH checks them, with each host's own ``StrictHostKeyChecking``
-and known_hosts files (see :mod:`fdl_tasks.hostkeys`); so is each host's own
-``ConnectTimeout``, the budget of its connect, banner and auth.
+Fabric applies them as OpenSSH would (first value wins). Host keys, each host's
+``StrictHostKeyChecking``, known_hosts files (:mod:`fdl_tasks.hostkeys`) and
+``ConnectTimeout`` (its connect, banner and auth) are as OpenSSH has them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -32,17 +32,15 @@ from fdl_tasks.sshconfig import host_key_options, read_config, ssh_config_block
 
 
 class _NoHandshakeTracebacks(logging.Filter):
-    """Drops paramiko's transport warnings and errors: a failed handshake's traceback,
-    which the Fleet reports as one line instead."""
+    """Drops paramiko's transport warnings and errors (a failed handshake's traceback)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno < logging.WARNING
 
 
 def quiet_paramiko() -> None:
-    """Installs the filter on ``paramiko.transport`` once per process (a second call finds
-    it there); the host application's ``paramiko`` logger, handlers and propagation are
-    left as they are."""
+    """The Fleet reports a failed handshake as one line: the filter, once per process on
+    ``paramiko.transport``; the host application's ``paramiko`` logger left as it is."""
     logger = logging.getLogger("paramiko.transport")
     if not any(isinstance(f, _NoHandshakeTracebacks) for f in logger.filters):
         logger.addFilter(_NoHandshakeTracebacks())
@@ -100,6 +98,8 @@ class Fleet:
         self.settings = settings
         self.workers: dict[str, Worker] = {w.host: w for w in workers}
         self.failed: dict[str, Failure] = {}
+        #: Every round trip so far: host, start, end (monotonic), whether it ran (``--timings``).
+        self.rounds: list[tuple[str, float, float, bool]] = []
         self._config_files = "".join(
             read_config(path) for path in (settings.ssh_config, settings.system_ssh_config)
         )
@@ -238,7 +238,10 @@ class Fleet:
         (launch) each host's output goes, as it comes, to its own stream, so
         each host is a group of its own.
         """
+        started = time.monotonic()
         outcomes: dict[str, Outcome] = dict(self.open(scripts))
+        opened = time.monotonic()
+        self.rounds += [(label, started, opened, False) for label in outcomes]
         groups: dict[tuple[str, str], list[str]] = {}
         for label, script in scripts.items():
             if label not in outcomes:
@@ -246,7 +249,7 @@ class Fleet:
         pool = ThreadPoolExecutor(max_workers=max(1, len(groups)))
         try:
             jobs = [
-                pool.submit(self._run_group, labels, script, timeout, streams)
+                pool.submit(self._timed_group, started, labels, script, timeout, streams)
                 for (script, _), labels in groups.items()
             ]
             for job in jobs:
@@ -254,6 +257,12 @@ class Fleet:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # an interrupt must not wait here
         return outcomes
+
+    def _timed_group(self, started: float, labels: list[str], *args: Any) -> dict[str, Outcome]:
+        done = self._run_group(labels, *args)
+        ended = time.monotonic()
+        self.rounds += [(x, started, ended, isinstance(o, Reply)) for x, o in done.items()]
+        return done
 
     def _run_group(
         self,

@@ -15,6 +15,7 @@ from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.names import HOST_NAME_ENV, controller_label, remote_workers
 from fdl_tasks.reporting import Report, Severity, report_to_stderr
 from fdl_tasks.settings import Settings
+from fdl_tasks.timeline import Timeline
 
 
 @attrs.frozen
@@ -30,6 +31,8 @@ class Run:
     task: str = "prebuild"
     #: The controller's label is this machine's hostname (no option, setting or variable).
     by_hostname: bool = False
+    #: ``--timings``: where each step records its spans (``None``: not asked for).
+    timeline: Timeline | None = None
 
     @classmethod
     def start(cls, c: Context, *, label: str = "prebuild", **options: Any) -> Run:

@@ -50,6 +50,7 @@ class Settings:
     watch_debounce: Seconds = 0.3
     watch_polling: Switch = False
     launch_wait: Seconds = 1800.0
+    timings: Switch = False
 
     @classmethod
     def from_config(cls, fdl: Mapping[str, Any], **options: Any) -> Settings:

@@ -22,6 +22,7 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.launch import launch as launch_on_workers
 from fdl_tasks.run import Run
 from fdl_tasks.settings import namespace_defaults
+from fdl_tasks.timings import recorded
 from fdl_tasks.variant_push import push_libtorch as push_libtorch_to
 
 #: What another project may import from here: the tasks and their collection.
@@ -35,6 +36,8 @@ HELP = {
     "crate-dir": "crate directory relative to controller.path (default: <cmd>/ if it holds "
     "a Cargo.toml, else the project root)",
     "no-cache": "build without the compile cache (sccache), every build from scratch",
+    "timings": "write an HTML timeline of the run (with cargo's --timings report of each "
+    "build) under target/cluster/_timings/ (default: fdl.timings)",
 }
 
 
@@ -75,6 +78,7 @@ def build_host(
     cluster_file: str | None = None,
     controller_host: str | None = None,
     no_cache: bool = False,
+    timings: bool = False,
     json: bool = False,
 ) -> None:
     """Build one host's binary against its own libtorch, verify it, update its envelope entry."""
@@ -82,12 +86,15 @@ def build_host(
         raise FdlError("--host is required: the label of the worker to build for")
     command = require_command(cmd)
     options = {"cluster_file": cluster_file, "controller_host": controller_host}
-    run = Run.start(c, **options, compile_cache=off(no_cache), label="build-host")
+    run = Run.start(
+        c, **options, compile_cache=off(no_cache), timings=timings or None, label="build-host"
+    )
     worker = run.cluster.worker(host)
     if worker.host == run.controller:
         raise FdlError(f"{host!r} is the controller: its build is the normal local build")
     crate = crate_of(run, command, crate_dir)
-    published = pipeline.build_one(run, worker, command, crate)
+    with recorded(run, command) as timed:
+        published = pipeline.build_one(timed, worker, command, crate)
     if published is None:
         return
     hand_over(published.text)
@@ -124,6 +131,7 @@ def prebuild(
     require_verified: bool = False,
     timeout: int = 0,
     no_cache: bool = False,
+    timings: bool = False,
     watch: bool = False,
     json: bool = False,
 ) -> None:
@@ -140,6 +148,7 @@ def prebuild(
         "verify": off(no_verify),
         "require_verified": require_verified or None,
         "compile_cache": off(no_cache),
+        "timings": timings or None,
     }
     run, crate = start_build(c, command, crate_dir, **options)
     if watch:

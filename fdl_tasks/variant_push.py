@@ -91,7 +91,10 @@ def _push_host(
     found = parse_listing(getattr(listing, "stdout", ""))
     if found is None:
         return f"{host}: no usable answer listing {remote}"
-    local = local_files(source)
+    try:
+        local = local_files(source)
+    except OSError as exc:  # a dangling link, an unreadable file: name it, push nothing
+        return f"{host}: cannot read the controller's variant ({exc}); nothing was sent"
     todo = changed(local, found)
     total = sum(local[p][0] for p in todo)
     report(

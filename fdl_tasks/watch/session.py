@@ -17,11 +17,12 @@ import attrs
 from fdl_tasks import pipeline
 from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.envelope import hand_over, published_path
-from fdl_tasks.errors import FdlError, Stopped, StoppedLeftRunning
+from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
+from fdl_tasks.timings import recorded
 from fdl_tasks.watch.buildscripts import target_dirs
 from fdl_tasks.watch.lines import (
     build_labels,
@@ -49,6 +50,8 @@ class Session:
         self.cluster_file = posixpath.normpath(os.path.abspath(run.settings.cluster_file))
         self.cycle = 0
         self.last_ok: bool | None = None
+        #: What a failed cycle could not remove (a timed-out build's container): exit 3 at the end.
+        self.left_running: list[str] = []
         #: The last cycle's stamp (ns), and the files changed at or after it as it saw them.
         self.stamp_ns: int | None = None
         self.seen: dict[str, Entry] = {}
@@ -132,10 +135,13 @@ class Session:
                 self.reload_cluster()
                 self.probe = True
             run = self.run if first else self.quiet_run(lines)
-            published = pipeline.prebuild(run, self.command, self.crate, probe=self.probe)
+            with recorded(run, self.command, self.run.report) as run:
+                published = pipeline.prebuild(run, self.command, self.crate, probe=self.probe)
         except FdlError as exc:
             hand_over(None)
             self.last_ok, self.probe = False, True
+            if isinstance(exc, LeftRunning):  # the watch goes on; its exit will say so
+                self.left_running.append(str(exc))
             for line in [*lines, str(exc)]:
                 for part in line.splitlines():
                     self.run.report(part)
@@ -199,8 +205,10 @@ def watch_and_rebuild(run: Run, command: str, crate: str, *, as_json: bool = Fal
             session.serve()
     except (KeyboardInterrupt, Stopped) as exc:
         message = session.stopped_message() if session else "watch stopped before its first cycle"
-        if isinstance(exc, StoppedLeftRunning):  # not a clean stop: keep what was left, exit 3
-            raise StoppedLeftRunning(f"{message}\n{exc}") from None
+        left = [str(exc)] if isinstance(exc, StoppedLeftRunning) else []
+        left = [*(session.left_running if session else []), *left]
+        if left:  # not a clean stop: what a cycle or the stop could not remove, exit 3
+            raise StoppedLeftRunning("\n".join([message, *left])) from None
         raise Stopped(message) from None
     finally:
         if session is not None:

@@ -14,6 +14,7 @@ import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from fdl_tasks.gpu_gate import expand_auto
 from fdl_tasks.layout import PROFILE_DIR
 from fdl_tasks.run import Run
 from fdl_tasks.variants import libtorch_dir, libtorch_root
@@ -102,7 +103,8 @@ def survey(
     (``mounts``: the backend's, to map container paths back); the watcher's own directory
     and the compile cache are never a change."""
     root = posixpath.normpath(str(run.root))
-    archs = {w.arch for w in run.remotes if w.arch}
+    # An auto host may get any installed variant at the next cycle's probe: watch them all.
+    archs = {w.arch for w in expand_auto(run.remotes, run.root) if w.arch}
     outputs = build_outputs(run.root, target_dirs)
     declared, whole = declared_inputs(outputs, packages, mounts)
     declared = [p for p in declared if under(p, root) or os.path.exists(p)]

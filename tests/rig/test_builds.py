@@ -23,7 +23,7 @@ from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.envelope import decode
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import DockerSettings
-from rig.harness import RigCluster, containers, start_rig
+from rig.harness import OWNER_LABEL, RigCluster, containers, start_rig
 from rig.project import add_variant, break_variant
 from rig.sshrig import HostSpec
 
@@ -104,7 +104,8 @@ def test_prebuild_in_docker(rig: RigCluster) -> None:
     # The controller's own user owns what the container wrote (root here).
     binary = rig.project / "target/cluster/blackwell/precompiled-cu128/release/ddp-bench"
     assert binary.stat().st_uid == 0
-    assert containers("fdl-tasks.run") == []  # --rm: no container left behind
+    # --rm: no container of this rig left behind (other rigs may be building meanwhile)
+    assert containers("fdl-tasks.run", f"{OWNER_LABEL}={rig.owner}") == []
 
 
 def test_prebuild_native_one_build_per_host(rig: RigCluster) -> None:

@@ -1,10 +1,15 @@
-"""Which builds wait for another: only a cold compile cache is worth a head start."""
+"""Which builds wait for another: only a compile cache that can be warmed for the others
+(cold target dirs, or dependencies changed since the last builds) is worth a head start."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
 from fdl_tasks.builder import head_start
+from fdl_tasks.manifests import changed_since
 
 
 @pytest.mark.parametrize(
@@ -20,3 +25,58 @@ def test_only_a_cold_cache_gets_a_head_start(
     cached: bool, cold: bool, builds: int, expected: int
 ) -> None:
     assert head_start(cached=cached, cold=cold, builds=builds) == expected
+
+
+@pytest.mark.parametrize(
+    ("cached", "builds", "expected"), [(True, 3, 1), (False, 3, 0), (True, 1, 0)]
+)
+def test_changed_dependencies_get_a_head_start_with_the_cache(
+    cached: bool, builds: int, expected: int
+) -> None:
+    found = head_start(cached=cached, cold=False, builds=builds, dependencies=True)
+    assert found == expected
+
+
+def workspace(root: Path) -> tuple[Path, Path]:
+    """A workspace with one member ``app``, a lockfile, and a target dir's marker."""
+    (root / "app/src").mkdir(parents=True)
+    (root / "Cargo.toml").write_text('[workspace]\nmembers = ["app"]\n')
+    (root / "app/Cargo.toml").write_text('[package]\nname = "app"\nversion = "0.1.0"\n')
+    (root / "app/src/main.rs").write_text("fn main() {}\n")
+    (root / "Cargo.lock").write_text("version = 3\n")
+    (root / ".cargo").mkdir()
+    (root / ".cargo/config.toml").write_text("")
+    marker = root / "target/x/.fdl-build.json"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("{}")
+    for path in root.rglob("*"):
+        os.utime(path, (1000, 1000))
+    os.utime(marker, (2000, 2000))
+    return root / "app", marker
+
+
+@pytest.mark.parametrize(
+    ("touched", "changed"),
+    [
+        ("app/Cargo.toml", True),  # a new dependency, a dependency's features
+        ("Cargo.toml", True),  # the workspace's own dependencies
+        ("Cargo.lock", True),  # cargo update
+        (".cargo/config.toml", True),
+        ("app/src/main.rs", False),  # an edit of the workspace's own code
+    ],
+)
+def test_a_dependency_file_newer_than_a_target_dirs_last_build(
+    tmp_path: Path, touched: str, changed: bool
+) -> None:
+    crate, marker = workspace(tmp_path)
+    assert not changed_since([crate], [marker])
+    os.utime(tmp_path / touched, (3000, 3000))
+    assert changed_since([crate], [marker]) is changed
+
+
+def test_no_marker_or_an_unreadable_manifest_is_no_change(tmp_path: Path) -> None:
+    crate, marker = workspace(tmp_path)
+    os.utime(tmp_path / "Cargo.lock", (3000, 3000))
+    assert not changed_since([crate], [tmp_path / "missing"])
+    (tmp_path / "Cargo.toml").write_text("[workspace\n")  # cargo itself will say what is wrong
+    assert not changed_since([crate], [marker])

@@ -46,6 +46,10 @@ def test_arch_file_as_flodl_writes_it() -> None:
         ("8.6", ("compute_80",), True),
         ("8.0", ("compute_86",), False),  # PTX never runs on an older GPU
         ("12.0", ("6.1", "12.0"), True),
+        ("9.0", ("9.0a",), True),  # arch-specific (sm_90a): an H100 runs it
+        ("9.0", ("sm_90a",), True),
+        ("10.0", ("9.0a",), False),  # ... and nothing but 9.0 does
+        ("10.3", ("10.0f",), True),  # family-specific: its major, as plain code
     ],
 )
 def test_nvidia_binary_compatibility(cap: str, archs: tuple[str, ...], covered: bool) -> None:
@@ -144,6 +148,17 @@ def test_gate_warns_for_an_unknown_name_unless_features_say(tmp_path: Path) -> N
     assert "features: [rocm]" in gate(_verdict(GpuReport()), worker, tmp_path).warnings[0]
     explicit = Worker("h", "/p", arch="builds/mybuild", features=("rocm",))
     assert gate(_verdict(GpuReport()), explicit, tmp_path).warnings == ()
+
+
+def test_auto_falling_back_to_cpu_without_a_gpu_listed_warns(tmp_path: Path) -> None:
+    """A GPU box whose nvidia-smi is not on ssh's PATH must not silently run on its CPU."""
+    (tmp_path / "libtorch/precompiled/cpu/lib").mkdir(parents=True)
+    worker = Worker("h", "/p", arch="auto")
+    toolless = gate(_verdict(GpuReport()), worker, tmp_path)
+    assert toolless.arch == "precompiled/cpu" and toolless.status == "warning"
+    assert "no GPU tool (nvidia-smi, rocminfo, KFD's topology) answered" in toolless.warnings[0]
+    silent = gate(_verdict(GpuReport(("nvidia-smi",), ())), worker, tmp_path)
+    assert "nvidia-smi listed no GPU" in silent.warnings[0]
 
 
 def test_clean_keeps_every_variant_an_auto_host_may_get(tmp_path: Path) -> None:

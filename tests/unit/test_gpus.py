@@ -175,3 +175,20 @@ def test_a_probe_without_the_abi_gate_asks_nothing_about_gpus(tmp_path: Path) ->
         ).stdout
     )
     assert facts is not None and facts.gpus is None
+
+
+def test_a_hung_nvidia_smi_is_not_asked_again(tmp_path: Path) -> None:
+    """timeout(1) ends a wedged query with 124: asking the older form too would spend a
+    second tool budget and push the whole probe past its own timeout."""
+    bindir, calls = tmp_path / "bin", tmp_path / "calls"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexit 124\n')
+    (bindir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:/usr/bin:/bin"}
+    script = ProbeRequest(str(tmp_path), True, abi=True).script()
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert len(calls.read_text().splitlines()) == 1
+    facts = parse_facts(done.stdout)
+    assert facts is not None and facts.gpus is not None
+    assert facts.gpus.tools == ("nvidia-smi",) and facts.gpus.gpus == ()
