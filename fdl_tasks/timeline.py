@@ -3,7 +3,7 @@
 Pure logic (the clock is passed in). One :class:`Timeline` rides on the run
 (:attr:`fdl_tasks.run.Run.timeline`); each step adds its spans, from
 whichever thread it runs in, and :meth:`Timeline.data` is what the page
-(:mod:`fdl_tasks.timings_page`) embeds and draws.
+(:mod:`fdl_tasks.timings_html`) embeds and draws.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``--timings``: record a run's steps and write its page under ``target/cluster/_timings/``.
 
 Thin I/O around :mod:`fdl_tasks.timeline` (the spans) and
-:mod:`fdl_tasks.timings_page` (the HTML). A run without ``--timings`` has no
+:mod:`fdl_tasks.timings_html` (the HTML). A run without ``--timings`` has no
 timeline, and every helper here is then a no-op. The page is written whether
 the run succeeded or failed (a failed run is the one worth looking at); only
 the last :data:`KEEP` pages of a command are kept.
@@ -24,7 +24,7 @@ from fdl_tasks.layout import CARGO_TIMINGS_DIR, TIMINGS_DIR, timings_page
 from fdl_tasks.reporting import Report
 from fdl_tasks.run import Run
 from fdl_tasks.timeline import Timeline, fold_rounds
-from fdl_tasks.timings_page import render
+from fdl_tasks.timings_html import render
 
 if TYPE_CHECKING:  # the Fleet's import (Fabric, paramiko) is the caller's to pay
     from fdl_tasks.builder import JobResult

@@ -9,7 +9,7 @@ import pytest
 
 from fdl_tasks.timeline import Timeline, fold_rounds
 from fdl_tasks.timings import KEEP, cargo_report
-from fdl_tasks.timings_page import DATA_ID, page_data, render
+from fdl_tasks.timings_html import DATA_ID, page_data, render
 
 
 def ticking(*values: float) -> Timeline:
