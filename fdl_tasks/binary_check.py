@@ -90,6 +90,16 @@ def elf_machine(header: str) -> str | None:
     return ELF_MACHINES.get(number, f"ELF machine {number}")
 
 
+def file_machine(path: Path) -> str | None:
+    """:func:`elf_machine` of a file on this machine; ``None`` when it cannot be read."""
+    try:
+        with path.open("rb") as stream:
+            head = stream.read(20)
+    except OSError:
+        return None
+    return elf_machine(" ".join(str(byte) for byte in head))
+
+
 @attrs.frozen
 class RemoteCopy:
     """What a host reported about its copy of the binary."""

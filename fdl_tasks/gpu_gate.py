@@ -13,7 +13,7 @@ from pathlib import Path
 import attrs
 
 from fdl_tasks.auto_arch import AUTO, Installed, choose
-from fdl_tasks.binary_check import ELF_MACHINES
+from fdl_tasks.binary_check import file_machine
 from fdl_tasks.coverage import ArchFile, judge_coverage, parse_arch_file
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpus import unknown_name_warning, vendor_of
@@ -35,18 +35,6 @@ def read_arch_file(root: Path, arch: str) -> ArchFile | None:
     return parse_arch_file(text)
 
 
-def _elf_cpu(library: Path) -> str | None:
-    """The CPU a 64-bit little-endian ELF file is for (``uname -m`` names), else ``None``."""
-    try:
-        with library.open("rb") as stream:
-            head = stream.read(20)
-    except OSError:
-        return None
-    if len(head) < 20 or head[:6] != b"\x7fELF\x02\x01":
-        return None
-    return ELF_MACHINES.get(int.from_bytes(head[18:20], "little"))
-
-
 def installed_variants(root: Path) -> list[Installed]:
     """``libtorch/precompiled/*`` and ``libtorch/builds/*`` with a ``lib/``, by name."""
     found = []
@@ -63,7 +51,7 @@ def installed_variants(root: Path) -> list[Installed]:
             except InvalidValue:
                 continue
             if (child / "lib").is_dir():
-                cpu = _elf_cpu(child / "lib" / "libtorch.so")
+                cpu = file_machine(child / "lib" / "libtorch.so")
                 found.append(Installed(arch, read_arch_file(root, arch), cpu))
     return found
 

@@ -24,15 +24,15 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
+from fdl_tasks.binary_check import file_machine
+
 __all__ = [
     "CROSS_SERVICE",
-    "ELF_MACHINES",
     "FIXTURE_DIR",
     "STUB_SOURCE",
     "VARIANT_MARKER",
     "add_variant",
     "break_variant",
-    "elf_machine",
     "libtorch_dir",
     "make_project",
     "stub_compile_argv",
@@ -43,8 +43,6 @@ FIXTURE_DIR = Path(__file__).resolve().parent / "fixture"
 STUB_SOURCE = FIXTURE_DIR / "stub_libtorch.c"
 #: Next to each stub: the arch it was compiled for.
 VARIANT_MARKER = ".fdl-variant"
-#: ELF ``e_machine`` numbers of the CPUs the rig compiles stubs for.
-ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 
 # Not copied into a project: build outputs and the stub source (it is compiled
 # into libtorch/<arch>/lib, not part of the cargo workspace).
@@ -95,22 +93,10 @@ def _compile_stub(lib_file: Path, arch: str, compiler: Sequence[str]) -> None:
     tmp.replace(lib_file)
 
 
-def elf_machine(path: Path) -> str | None:
-    """The CPU a little-endian 64-bit ELF file is for (``uname -m`` names), else ``None``."""
-    try:
-        with open(path, "rb") as stream:
-            head = stream.read(20)
-    except OSError:
-        return None
-    if len(head) < 20 or head[:6] != b"\x7fELF\x02\x01":
-        return None
-    return ELF_MACHINES.get(int.from_bytes(head[18:20], "little"))
-
-
 def _stub_up_to_date(lib_dir: Path, arch: str, machine: str) -> bool:
     lib_file, marker = lib_dir / "libtorch.so", lib_dir / VARIANT_MARKER
     return (
-        elf_machine(lib_file) == machine
+        file_machine(lib_file) == machine
         and marker.is_file()
         and marker.read_text() == arch
         and lib_file.stat().st_mtime >= STUB_SOURCE.stat().st_mtime

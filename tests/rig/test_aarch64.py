@@ -30,11 +30,12 @@ from typing import Any
 import pytest
 from elftools.elf.elffile import ELFFile
 
+from fdl_tasks.binary_check import file_machine
 from fdl_tasks.cross_targets import GNU_TARGETS
 from fdl_tasks.envelope import PerHostEnvelope, decode
 from rig.cross import CROSS_REF, add_aarch64_variant, ensure
 from rig.harness import RigCluster, prebuild_args, start_rig
-from rig.project import CROSS_SERVICE, elf_machine, write_compose_file
+from rig.project import CROSS_SERVICE, write_compose_file
 from rig.sshrig import HostSpec
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
@@ -110,8 +111,8 @@ def assert_cross_prebuild_and_launch(
     assert "verify: 4 host(s) verified (same bytes, every library resolves)\n" in done.stderr
     entries = envelopes(rig)
     assert entries["gh200"].bin.endswith("-aarch64-aarch64/release/ddp-bench")
-    assert elf_machine(rig.project / entries["gh200"].bin) == "aarch64"
-    assert elf_machine(rig.project / entries["gb-1"].bin) == "x86_64"
+    assert file_machine(rig.project / entries["gh200"].bin) == "aarch64"
+    assert file_machine(rig.project / entries["gb-1"].bin) == "x86_64"
     launched = rig.inv("launch", "--cmd", "ddp-bench", "--cluster-file", str(path))
     assert launched.returncode == 0, launched.stderr
     for host, arch in ARCHS.items():

@@ -84,7 +84,8 @@ def test_amd_host_builds_with_rocm_and_runs_with_the_system_runtime_first(rig: R
         rig.run_on_host("amd", str(rig.project), bundle_first)
 
 
-def _started_containers(rig: RigCluster, since: float) -> list[str]:
+def _created(rig: RigCluster, since: float, field: str) -> list[str]:
+    """``field`` of each container of this rig created since ``since`` (docker's own log)."""
     events = subprocess.run(
         [
             "docker",
@@ -100,14 +101,14 @@ def _started_containers(rig: RigCluster, since: float) -> list[str]:
             "--filter",
             f"label={OWNER_LABEL}={rig.owner}",
             "--format",
-            "{{.Actor.ID}}",
+            "{{.Actor." + field + "}}",
         ],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     )
-    return events.stdout.split()
+    return sorted(events.stdout.split())
 
 
 def test_uncovered_gpu_and_old_driver_refused_before_any_build(rig: RigCluster) -> None:
@@ -133,7 +134,7 @@ def test_uncovered_gpu_and_old_driver_refused_before_any_build(rig: RigCluster) 
     assert "driver 470.82.01" in old and "CUDA 12.8" in old and ">= 525.60.13" in old
     assert not any("error    pascal" in line for line in lines)
     assert "Compiling" not in done.stderr
-    assert _started_containers(rig, since) == []  # no container started at all
+    assert _created(rig, since, "ID") == []  # no container started at all
     assert published.read_bytes() == before  # the other hosts' envelope untouched
     assert "Traceback" not in done.stderr
 
@@ -227,32 +228,6 @@ def test_arch_auto_without_a_candidate_lists_each_variant(rig: RigCluster) -> No
 ROCM_IMAGE = "fdl-rig-rocm:6.2"
 
 
-def _images_used(rig: RigCluster, since: float) -> list[str]:
-    events = subprocess.run(
-        [
-            "docker",
-            "events",
-            "--since",
-            f"{since:.3f}",
-            "--until",
-            f"{time.time():.3f}",
-            "--filter",
-            "type=container",
-            "--filter",
-            "event=create",
-            "--filter",
-            f"label={OWNER_LABEL}={rig.owner}",
-            "--format",
-            "{{.Actor.Attributes.image}}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return sorted(events.stdout.split())
-
-
 def test_each_vendor_builds_in_its_own_image_and_one_for_both_is_refused(rig: RigCluster) -> None:
     subprocess.run(["docker", "tag", f"{BUILDER_IMAGE}:12.8", ROCM_IMAGE], check=True)
     docker = rig.docker_settings()
@@ -264,13 +239,13 @@ def test_each_vendor_builds_in_its_own_image_and_one_for_both_is_refused(rig: Ri
         refused.stderr
     )
     assert "gpu_builds: {amd: {image: ...}}" in refused.stderr
-    assert _images_used(rig, since) == [] and "Traceback" not in refused.stderr
+    assert _created(rig, since, "Attributes.image") == [] and "Traceback" not in refused.stderr
     since = time.time()
     done = prebuild(
         rig, archs, "two-images.yaml", docker=docker, gpu_builds={"amd": {"image": ROCM_IMAGE}}
     )
     assert done.returncode == 0, done.stderr
-    assert _images_used(rig, since) == sorted([ROCM_IMAGE, f"{BUILDER_IMAGE}:12.8"])
+    assert _created(rig, since, "Attributes.image") == sorted([ROCM_IMAGE, f"{BUILDER_IMAGE}:12.8"])
     envelopes = decode(done.stdout, "stdout")
     assert rig.run_on_host("amd", str(rig.project), envelopes["amd"]).endswith("rocm=on")
 

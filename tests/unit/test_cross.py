@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from fdl_tasks.backends.compose import compose_line
 from fdl_tasks.backends.docker_run import docker_line
 from fdl_tasks.backends.native import native_line
 from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.binary_check import RemoteCopy, delivery_problems, elf_machine
+from fdl_tasks.binary_check import RemoteCopy, delivery_problems, elf_machine, file_machine
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import parse_cluster
@@ -188,3 +189,10 @@ def test_a_cross_setup_may_replace_the_run_args_and_env() -> None:
     assert "--volume=/rust:/rust:ro" in native and "PATH=/rust" in native
     assert "--volume=/rust:/rust:ro" not in arm and "PATH=/rust" not in arm
     assert "CARGO_HOME=/tmp/c" in arm
+
+
+def test_file_machine_reads_the_header_of_a_file(tmp_path: Path) -> None:
+    binary = tmp_path / "lib.so"
+    binary.write_bytes(bytes(int(b) for b in ARM_HEADER.split()))
+    assert file_machine(binary) == "aarch64"
+    assert file_machine(tmp_path / "missing.so") is None
