@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import pytest
 import yaml
-from invoke.parser import Argument
+from invoke.parser.argument import Argument
 from invoke.program import Program
 
 from fdl_tasks import ns
