@@ -198,3 +198,16 @@ def test_links_to_pages_and_headings_resolve(page: Path) -> None:
         assert linked.exists(), f"{name(page)}: ({link}) names no file"
         if anchor:
             assert anchor in anchors(linked), f"{name(page)}: ({link}) names no heading"
+
+
+def test_the_module_tables_are_the_package() -> None:
+    """docs/architecture.md names every module of fdl_tasks, and only modules that exist."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`(?:fdl_tasks/)?((?:backends/|watch/)?\w+\.py)`", text))
+    package = ROOT / "fdl_tasks"
+    places = (package, package / "backends", package / "watch")
+    for module in named:
+        assert any((place / module).exists() for place in places), f"no module {module}"
+    files = {p.name for p in package.rglob("*.py") if p.name != "__init__.py"}
+    missing = files - {module.rsplit("/", 1)[-1] for module in named}
+    assert not missing, f"docs/architecture.md names no {sorted(missing)}"
