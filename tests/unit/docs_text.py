@@ -106,9 +106,20 @@ def repo_paths(page: Path) -> Iterator[str]:
     """Paths in this repository the page names: inline code and relative links."""
     top = r"(fdl_tasks|rig|tests|bench|scripts|docs|\.ci)/[\w./-]*(::\w+)?"
     roots = r"README\.md|fdl\.cluster\.yml|cluster\.yaml|invoke\.yaml|tasks\.py|pyproject\.toml"
+    last = ""  # `::test_x` after `test_y.py::…`: the same file
     for span in spans(page):
         word = span.replace(":: ", "::").split(" ")[0]  # a command's program; a broken span
-        if re.fullmatch(top, word) or re.fullmatch(roots, word):
+        if re.fullmatch(r"test_\w+\.py(::\w+)?", word):  # a test module named alone
+            found = sorted((ROOT / "tests").rglob(word.split("::")[0]))
+            word = (
+                str(found[0].relative_to(ROOT)) + word[len(word.split("::")[0]) :]
+                if found
+                else word
+            )
+        elif re.fullmatch(r"::test_\w+", word) and last:
+            word = last + word
+        if re.fullmatch(top, word) or re.fullmatch(roots, word) or word.startswith("test_"):
+            last = word.split("::")[0]
             yield word
     for link in links(page):
         target = link.split("#")[0]
