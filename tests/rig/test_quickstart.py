@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def demo_rig(tmp_path: Path) -> Iterator[tuple[Namespace, dict[str, str]]]:
     (tmp_path / "home").mkdir()
     space = Namespace(tmp_path / "var-tmp")
     state = str(demo.DEMO / "rig-quickstart")  # never the demo's own: its `down` is by path
-    rig_cmd = ["python3", "-m", "rig.demo"]
+    rig_cmd = [sys.executable, "-m", "rig.demo"]
     env = isolated_env({"PYTHONPATH": str(README.parent)})
     for tool in ("RUSTUP_HOME", "CARGO_HOME"):  # HOME moves; the toolchain stays where it is
         default = Path.home() / f".{tool.split('_')[0].lower()}"
