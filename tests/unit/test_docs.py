@@ -211,3 +211,15 @@ def test_the_module_tables_are_the_package() -> None:
     files = {p.name for p in package.rglob("*.py") if p.name != "__init__.py"}
     missing = files - {module.rsplit("/", 1)[-1] for module in named}
     assert not missing, f"docs/architecture.md names no {sorted(missing)}"
+
+
+def test_pages_the_code_and_config_name_exist() -> None:
+    """A comment or docstring pointing at ``docs/<page>.md`` points at a page that exists."""
+    sources = [ROOT / name for name in ("invoke.yaml", "cluster.yaml", "fdl.cluster.yml")]
+    for top in ("fdl_tasks", "rig", "tests", "bench", "scripts"):
+        found = (ROOT / top).rglob("*")
+        sources += [p for p in found if p.suffix in ("", ".py") and "target" not in p.parts]
+    sources = [source for source in sources if source.is_file()]
+    for source in sources:
+        for page in re.findall(r"docs/[\w-]+\.md", source.read_text(errors="replace")):
+            assert (ROOT / page).exists(), f"{name(source)} names {page}, which does not exist"
