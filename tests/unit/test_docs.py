@@ -24,6 +24,7 @@ from invoke.parser.argument import Argument
 from invoke.program import Program
 
 from fdl_tasks import ns
+from fdl_tasks.cli import SHORT_FLAGS
 from fdl_tasks.loader import parse_cluster
 from fdl_tasks.settings import Settings
 from tests.unit.docs_text import (
@@ -223,3 +224,9 @@ def test_pages_the_code_and_config_name_exist() -> None:
     for source in sources:
         for page in re.findall(r"docs/[\w-]+\.md", source.read_text(errors="replace")):
             assert (ROOT / page).exists(), f"{name(source)} names {page}, which does not exist"
+
+
+def test_the_short_flags_table_is_the_code() -> None:
+    rows = table_rows(SETTINGS_PAGE, "| short | long |")
+    documented = {row[1].strip("`").removeprefix("--"): row[0].strip("`-") for row in rows}
+    assert documented == SHORT_FLAGS
