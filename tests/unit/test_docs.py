@@ -230,3 +230,13 @@ def test_the_short_flags_table_is_the_code() -> None:
     rows = table_rows(SETTINGS_PAGE, "| short | long |")
     documented = {row[1].strip("`").removeprefix("--"): row[0].strip("`-") for row in rows}
     assert documented == SHORT_FLAGS
+
+
+def test_the_task_lists_are_the_collection() -> None:
+    """README's ``inv --list`` comment and compose.md's ``ns`` row name every task."""
+    readme = (ROOT / "README.md").read_text()
+    listed = re.search(r"^inv --list +# (.+)$", readme, re.M)
+    assert listed is not None
+    assert sorted(listed.group(1).split(", ")) == sorted(ns.task_names)
+    row = next(r for r in table_rows(ROOT / "docs" / "compose.md", "| name |") if r[0] == "`ns`")
+    assert sorted(re.findall(r"`([\w-]+)`", row[1])) == sorted(ns.task_names)
