@@ -68,6 +68,14 @@ class Settings:
         """Concurrent builds: configured, else one per controller core."""
         return self.build_jobs or os.cpu_count() or 1
 
+    def require_verification_possible(self) -> None:
+        """``--require-verified`` with ``--no-verify`` would publish what nobody verified."""
+        if self.require_verified and not self.verify:
+            raise FdlError(
+                "fdl.require_verified (--require-verified) needs verification, but it is off "
+                "(--no-verify or fdl.verify false): choose one"
+            )
+
 
 #: The ``fdl`` namespace's defaults, for ``ns.configure``.
 DEFAULTS: dict[str, Any] = attrs.asdict(Settings())
