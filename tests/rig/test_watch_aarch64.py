@@ -4,7 +4,7 @@ every cycle cross-builds it, not only the cycles that run preflight (issue #31).
 ``wa-arm`` is an emulated aarch64 host (``HostSpec(emulate="aarch64")``: ``uname -m``
 says aarch64, its programs run under qemu-user through binfmt, see
 :mod:`tests.rig.test_aarch64`); ``wa-x86`` is an ordinary one. Real sshd, real
-docker (the rig's cross image builds the aarch64 binary), real cargo; each
+docker (the rig's cross image, or its compose service, builds the aarch64 binary), real cargo; each
 published binary is run on its host over that host's sshd.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from fdl_tasks.envelope import decode
 from fdl_tasks.layout import envelope_file
 from rig.cross import CROSS_REF, add_aarch64_variant, ensure
 from rig.harness import RigCluster, Running, start_rig
+from rig.project import CROSS_SERVICE, write_compose_file
 from rig.sshrig import HostSpec
 from tests.rig.test_watch import ENV, set_rev, wait_cycle
 
@@ -43,6 +45,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
     tmp = tmp_path_factory.mktemp("watch-aarch64")
     with start_rig(tmp, HOSTS, ["precompiled/cpu"], docker=True) as cluster:
         add_aarch64_variant(cluster.project, ARM_ARCH)
+        write_compose_file(cluster.project, cross=True)
         yield cluster
 
 
@@ -53,11 +56,18 @@ def pristine_source(rig: RigCluster) -> Iterator[None]:
     Running.stop_all()
 
 
-def unpinned_cluster(rig: RigCluster) -> Path:
-    """Docker run mode with the cross image; no worker says its ``cpu_arch``."""
+def unpinned_cluster(rig: RigCluster, mode: str) -> Path:
+    """``docker run`` with the cross image, or compose with its cross service (flodl's
+    form); no worker says its ``cpu_arch``."""
     workers = [rig.worker(host, arch=arch) for host, arch in ARCHS.items()]
-    controller = {"docker": rig.docker_settings(), "cross": {"aarch64": {"image": CROSS_REF}}}
-    return rig.write(workers, "unpinned.yaml", **controller)
+    if mode == "compose":
+        controller: dict[str, Any] = {
+            "docker": "cuda",
+            "cross": {"aarch64": {"service": CROSS_SERVICE}},
+        }
+    else:
+        controller = {"docker": rig.docker_settings(), "cross": {"aarch64": {"image": CROSS_REF}}}
+    return rig.write(workers, f"unpinned-{mode}.yaml", **controller)
 
 
 def published(rig: RigCluster) -> dict[str, tuple[str, str]]:
@@ -72,14 +82,15 @@ def published(rig: RigCluster) -> dict[str, tuple[str, str]]:
     }
 
 
-def test_every_cycle_cross_builds_the_unpinned_aarch64_host(rig: RigCluster) -> None:
+@pytest.mark.parametrize("mode", ["docker-run", "compose"])
+def test_every_cycle_cross_builds_the_unpinned_aarch64_host(rig: RigCluster, mode: str) -> None:
     run = rig.background(
         "prebuild",
         "--cmd",
         "ddp-bench",
         "--watch",
         "--cluster-file",
-        str(unpinned_cluster(rig)),
+        str(unpinned_cluster(rig, mode)),
         env=ENV,
     )
     state, _ = wait_cycle(run, 1, CYCLE_BUDGET)
