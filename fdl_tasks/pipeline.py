@@ -35,7 +35,8 @@ from fdl_tasks.locks import project_lock
 from fdl_tasks.model import Worker
 from fdl_tasks.names import check_crate_dir
 from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
-from fdl_tasks.probe import Verdict, report_lines
+from fdl_tasks.probe import Verdict
+from fdl_tasks.probe_report import report_lines
 from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
@@ -86,7 +87,7 @@ def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
     """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``): every
     host's verdict (none under --dry)."""
     skip_final_collection()
-    run.warn_unlisted_controller()
+    run.note_unlisted_controller()
     if run.dry:
         for line in dry_run_lines(run, abi=abi):
             run.report(line)
@@ -169,7 +170,7 @@ def prebuild(
     probe = probe or auto
     backend = run_backend(run)
     jobs = [] if auto else plan(run, backend, run.remotes, command, crate, pinned)
-    run.warn_unlisted_controller()
+    run.note_unlisted_controller()
     if run.dry:
         for line in dry_run_lines(run, abi=True):
             run.report(line)

@@ -46,17 +46,17 @@ class Run:
         cluster = load_cluster(settings.cluster_file)
         return cls(c, cluster, controller, settings, task=label, by_hostname=not named)
 
-    def warn_unlisted_controller(self) -> None:
-        """Said once, before any host is contacted: when only the hostname names the
+    def note_unlisted_controller(self) -> None:
+        """One line, before any host is contacted: when only the hostname names the
         controller and no host of the cluster file carries it, every worker is remote,
-        the controller's own entry included, which is rarely what was meant."""
+        the controller's own entry included. Usual (a controller that runs no ranks), so a
+        note, not a warning; naming the controller in any of the three ways silences it."""
         if self.by_hostname and all(w.host != self.controller for w in self.cluster.workers):
             self.say(
-                f"warning: this machine's hostname {self.controller!r} names no "
-                f"host of {self.cluster.source}, so every worker is treated as remote; "
-                f"if one of them is this machine, name it with --controller-host, "
-                f"${HOST_NAME_ENV} or fdl.controller_host",
-                Severity.WARNING,
+                f"note: this machine's hostname {self.controller!r} names no host of "
+                f"{self.cluster.source}, so every worker is remote; if one is this machine, "
+                f"or to silence this, name it with --controller-host, ${HOST_NAME_ENV} or "
+                "fdl.controller_host"
             )
 
     def say(self, text: str, severity: Severity = Severity.PROGRESS) -> None:

@@ -70,7 +70,7 @@ def unpinned_cluster(rig: RigCluster, mode: str) -> Path:
     return rig.write(workers, f"unpinned-{mode}.yaml", **controller)
 
 
-def published(rig: RigCluster) -> dict[str, tuple[str, str]]:
+def published(rig: RigCluster) -> dict[str, tuple[str | None, str]]:
     """Each host's published binary: its ELF machine, and the rev it prints on its host."""
     entries = decode((rig.project / ENVELOPE).read_text(), "envelope")
     return {
