@@ -10,11 +10,13 @@ from typing import Any
 import attrs
 from invoke.context import Context
 
+from fdl_tasks.config_errors import CLUSTER_KEYS, misplaced_cluster_file
+from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.names import HOST_NAME_ENV, controller_label, remote_workers
 from fdl_tasks.reporting import Report, Severity, report_to_stderr
-from fdl_tasks.settings import Settings
+from fdl_tasks.settings import Settings, resolve_cluster_file
 from fdl_tasks.timeline import Timeline
 
 
@@ -37,7 +39,16 @@ class Run:
     @classmethod
     def start(cls, c: Context, *, label: str = "prebuild", **options: Any) -> Run:
         """Settings from ``c.config.fdl`` and the task's options, then the cluster file."""
-        settings = Settings.from_config(c.config.get("fdl", {}), **options)
+        config = c.config
+        present = [key for key in CLUSTER_KEYS if key in config]
+        problem = misplaced_cluster_file(present, getattr(config, "_runtime_path", None), label)
+        if problem:
+            raise FdlError(problem)
+        settings = Settings.from_config(config.get("fdl", {}), **options)
+        project = getattr(config, "_project_prefix", None)
+        given = options.get("cluster_file") is not None
+        chosen = resolve_cluster_file(settings.cluster_file, given, project)
+        settings = attrs.evolve(settings, cluster_file=chosen)
         from_environment = os.environ.get(HOST_NAME_ENV)
         controller = controller_label(
             settings.controller_host, from_environment, socket.gethostname()

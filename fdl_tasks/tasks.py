@@ -16,7 +16,7 @@ from invoke.context import Context
 import fdl_tasks.pipeline as pipeline
 from fdl_tasks.api import crate_of, publish_in_process, start_build
 from fdl_tasks.clean import clean_target_tree, stale_warning
-from fdl_tasks.cli import fdl_task, off, require_command
+from fdl_tasks.cli import exit_on_config_errors, fdl_task, off, require_command
 from fdl_tasks.envelope import encode, hand_over
 from fdl_tasks.errors import FdlError
 from fdl_tasks.launch import launch as launch_on_workers
@@ -238,5 +238,6 @@ def push_libtorch(
     push_libtorch_to(run, workers)
 
 
+exit_on_config_errors()
 ns = Collection(preflight, build_host, prebuild, launch, clean, push_libtorch)
 ns.configure({"fdl": namespace_defaults()})
