@@ -102,6 +102,8 @@ class Builder:
         self._lock = threading.Lock()
         #: What a stop or a timeout could not remove, each line with the command that does.
         self.left_running: list[str] = []
+        #: Set by :meth:`stop`: a build that ends now was stopped, not failed.
+        self.stopping = threading.Event()
 
     def build_line(self, job: BuildJob) -> str:
         return self.backend.build_line(job)
@@ -139,6 +141,7 @@ class Builder:
 
     def stop(self) -> None:
         """Stop every build this run started; what could not be is in :attr:`left_running`."""
+        self.stopping.set()
         with self._lock:
             running = list(self._processes.values())
         left = [line for job, process in running for line in self.backend.stop_job(job, process)]
@@ -169,7 +172,10 @@ class Builder:
                 result = JobResult(
                     job=job, ok=False, seconds=time.monotonic() - started, detail=detail
                 )
-        self.board.finished(job.name, ok=result.ok, seconds=result.seconds, detail=result.detail)
+        stopped = not result.ok and self.stopping.is_set()
+        self.board.finished(
+            job.name, ok=result.ok, seconds=result.seconds, detail=result.detail, stopped=stopped
+        )
         return attrs.evolve(result, started=started)
 
     def _claim_target_dir(self, job: BuildJob) -> None:

@@ -37,8 +37,11 @@ class Run:
     timeline: Timeline | None = None
 
     @classmethod
-    def start(cls, c: Context, *, label: str = "prebuild", **options: Any) -> Run:
-        """Settings from ``c.config.fdl`` and the task's options, then the cluster file."""
+    def start(
+        cls, c: Context, *, label: str = "prebuild", workers_needed: bool = True, **options: Any
+    ) -> Run:
+        """Settings from ``c.config.fdl`` and the task's options, then the cluster file,
+        which must list a worker (unless ``workers_needed`` is false: ``clean``)."""
         config = c.config
         present = [key for key in CLUSTER_KEYS if key in config]
         problem = misplaced_cluster_file(present, getattr(config, "_runtime_path", None), label)
@@ -55,6 +58,11 @@ class Run:
         )
         named = settings.controller_host or from_environment
         cluster = load_cluster(settings.cluster_file)
+        if workers_needed and not cluster.workers:
+            raise FdlError(
+                f"{cluster.source} lists no workers, so there is nothing to {label}: add one "
+                "entry per host under 'workers:' (host, ssh, path, arch; docs/cluster-file.md)"
+            )
         return cls(c, cluster, controller, settings, task=label, by_hostname=not named)
 
     def note_unlisted_controller(self) -> None:

@@ -63,11 +63,6 @@ class Settings:
             )
         return structure(merged, cls, "invalid setting(s)", root="fdl.")
 
-    @property
-    def jobs(self) -> int:
-        """Concurrent builds: configured, else one per controller core."""
-        return self.build_jobs or os.cpu_count() or 1
-
     def require_verification_possible(self) -> None:
         """``--require-verified`` with ``--no-verify`` would publish what nobody verified."""
         if self.require_verified and not self.verify:

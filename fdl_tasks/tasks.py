@@ -85,7 +85,7 @@ def build_host(
     if not host:
         raise FdlError("--host is required: the label of the worker to build for")
     command = require_command(cmd)
-    options = {"cluster_file": cluster_file, "controller_host": controller_host}
+    options: dict[str, Any] = {"cluster_file": cluster_file, "controller_host": controller_host}
     run = Run.start(
         c, **options, compile_cache=off(no_cache), timings=timings or None, label="build-host"
     )
@@ -208,7 +208,8 @@ def clean(
     all: bool = False,
 ) -> None:
     """Remove target dirs under target/cluster/ that no current host, variant or image uses."""
-    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host, label="clean")
+    options: dict[str, Any] = {"cluster_file": cluster_file, "controller_host": controller_host}
+    run = Run.start(c, **options, label="clean", workers_needed=False)
     clean_target_tree(run, list_only=dry or run.dry, everything=all)
 
 
