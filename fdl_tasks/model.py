@@ -212,7 +212,7 @@ class Cluster:
             if worker.host == label:
                 return worker
         labels = [w.host for w in self.workers]
-        close = close_matches(label, labels)
+        close = close_matches(label, labels, cutoff=0.75)  # labels share prefixes (node-…)
         guess = f" did you mean {quoted_choice(close)}?" if close else ""
         known = ", ".join(labels) or "none"
         raise FdlError(f"unknown host {label!r}:{guess} {self.source} declares {known}")
