@@ -23,7 +23,8 @@ def yaml_problem(exc: Exception, fallback: str) -> str:
     """``exc`` (PyYAML's, or the copy Invoke vendors, from reading a file) as one
     paragraph naming file and line."""
     mark = getattr(exc, "problem_mark", None)
-    source = mark.name if mark is not None and mark.name else fallback
+    name = str(getattr(mark, "name", "") or "")
+    source = name if name and not name.startswith("<") else fallback  # "<unicode string>"
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
     problem = getattr(exc, "problem", None) or str(exc)
     context, at = getattr(exc, "context", None), getattr(exc, "context_mark", None)
