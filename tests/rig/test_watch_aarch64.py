@@ -4,7 +4,8 @@ every cycle cross-builds it, not only the cycles that run preflight (issue #31).
 ``wa-arm`` is an emulated aarch64 host (``HostSpec(emulate="aarch64")``: ``uname -m``
 says aarch64, its programs run under qemu-user through binfmt, see
 :mod:`tests.rig.test_aarch64`); ``wa-x86`` is an ordinary one. Real sshd, real
-docker (the rig's cross image, or its compose service, builds the aarch64 binary), real cargo; each
+docker (the rig's cross image, or its compose service, builds the aarch64 binary) or
+native cargo with an aarch64 std (found as :mod:`tests.rig.test_aarch64` finds it); each
 published binary is run on its host over that host's sshd.
 """
 
@@ -23,6 +24,7 @@ from rig.cross import CROSS_REF, add_aarch64_variant, ensure
 from rig.harness import RigCluster, Running, start_rig
 from rig.project import CROSS_SERVICE, write_compose_file
 from rig.sshrig import HostSpec
+from tests.rig.test_aarch64 import native_cross_toolchain
 from tests.rig.test_watch import ENV, set_rev, wait_cycle
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
@@ -57,11 +59,13 @@ def pristine_source(rig: RigCluster) -> Iterator[None]:
 
 
 def unpinned_cluster(rig: RigCluster, mode: str) -> Path:
-    """``docker run`` with the cross image, or compose with its cross service (flodl's
-    form); no worker says its ``cpu_arch``."""
+    """``docker run`` with the cross image, compose with its cross service (flodl's
+    form), or native cargo; no worker says its ``cpu_arch``."""
     workers = [rig.worker(host, arch=arch) for host, arch in ARCHS.items()]
-    if mode == "compose":
-        controller: dict[str, Any] = {
+    if mode == "native":
+        controller: dict[str, Any] = {"cross": {"aarch64": {}}}
+    elif mode == "compose":
+        controller = {
             "docker": "cuda",
             "cross": {"aarch64": {"service": CROSS_SERVICE}},
         }
@@ -82,8 +86,14 @@ def published(rig: RigCluster) -> dict[str, tuple[str | None, str]]:
     }
 
 
-@pytest.mark.parametrize("mode", ["docker-run", "compose"])
+@pytest.mark.parametrize("mode", ["docker-run", "compose", "native"])
 def test_every_cycle_cross_builds_the_unpinned_aarch64_host(rig: RigCluster, mode: str) -> None:
+    env = dict(ENV)
+    if mode == "native":  # a controller toolchain with an aarch64 std, as test_aarch64 finds it
+        toolchain, problem = native_cross_toolchain(rig.root / "debian-rust-bin")
+        if problem is not None:
+            pytest.skip(f"native cross build not possible here: {problem}")
+        env |= toolchain
     run = rig.background(
         "prebuild",
         "--cmd",
@@ -91,7 +101,7 @@ def test_every_cycle_cross_builds_the_unpinned_aarch64_host(rig: RigCluster, mod
         "--watch",
         "--cluster-file",
         str(unpinned_cluster(rig, mode)),
-        env=ENV,
+        env=env,
     )
     state, _ = wait_cycle(run, 1, CYCLE_BUDGET)
     assert state == "ok", run.stderr
