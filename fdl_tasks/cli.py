@@ -112,21 +112,28 @@ def require_command(cmd: str | None) -> str:
 
 def config_file_problem(exc: BaseException, tb: TracebackType | None) -> str | None:
     """Invoke's reading of a configuration file failed (``invoke.yaml``, ``-f``'s): the
-    problem as one paragraph, from the exception and the frames it passed through."""
+    problem as one paragraph, from the exception and the frames it passed through
+    (``None``: not raised while Invoke's :class:`Config` read or merged a file)."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    in_config = [f for f in frames if isinstance(f.f_locals.get("self"), Config)]
+    if not in_config:
+        return None
     if isinstance(exc, yaml.YAMLError | invoke_yaml.YAMLError):  # Invoke reads with its own
         return yaml_problem(exc, "Invoke's configuration file")
     if not isinstance(exc, AmbiguousMergeError):
         return None
-    keys: list[str] = []
-    config, source = None, ""
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name == "_merge_file" and isinstance(frame.f_locals.get("self"), Config):
-            config, source = frame.f_locals["self"], str(frame.f_locals.get("name"))
-        elif frame.f_code.co_name == "merge_dicts" and "key" in frame.f_locals:
-            keys.append(str(frame.f_locals["key"]))
-        tb = tb.tb_next
-    path = getattr(config, f"_{source}_path", None) if config is not None else None
+    merging = [f for f in in_config if f.f_code.co_name == "_merge_file"]
+    keys = [
+        str(f.f_locals["key"])
+        for f in frames
+        if f.f_code.co_name == "merge_dicts" and "key" in f.f_locals
+    ]
+    config = merging[-1].f_locals["self"] if merging else None
+    source = str(merging[-1].f_locals.get("name")) if merging else ""
+    path = getattr(config, f"_{source}_path", None)
     if not path:
         return f"Invoke's configuration cannot be merged: {exc}"
     found, value = value_at(getattr(config, f"_{source}", None), keys)

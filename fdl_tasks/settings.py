@@ -75,8 +75,9 @@ class Settings:
 def resolve_cluster_file(chosen: str, given: bool, project_dir: str | None) -> str:
     """The cluster file to read. One named on the command line (``given``) is relative to
     the working directory, as the shell completed it; one from the settings (invoke.yaml,
-    ``INVOKE_FDL_CLUSTER_FILE``, the default) to the project root, where Invoke found ``tasks.py`` (``project_dir``;
-    ``None`` outside ``inv``), so that a subdirectory works as it does for cargo."""
+    ``INVOKE_FDL_CLUSTER_FILE``, the default) to the project root, where Invoke found
+    ``tasks.py`` (``project_dir``; ``None`` outside ``inv``), so that a subdirectory works
+    as it does for cargo."""
     if given or project_dir is None or os.path.isabs(chosen):
         return chosen
     return os.path.join(project_dir, chosen)
