@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +102,7 @@ class Builder:
         self._lock = threading.Lock()
         #: What a stop or a timeout could not remove, each line with the command that does.
         self.left_running: list[str] = []
-        #: Set by :meth:`stop`: a build that ends now was stopped, not failed.
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()  #: set by :meth:`stop`
 
     def build_line(self, job: BuildJob) -> str:
         return self.backend.build_line(job)
@@ -127,6 +126,7 @@ class Builder:
             and changed_since({self.root / job.build.crate_dir for job in jobs}, markers)
         )
         first = head_start(cached=cached, cold=cold, builds=len(jobs), dependencies=changed)
+        futures: list[Future[JobResult]] = []
         try:
             with sigterm_as_interrupt():
                 results = [self.run_one(job) for job in jobs[:first]]
@@ -135,6 +135,7 @@ class Builder:
         except KeyboardInterrupt:
             pool.shutdown(wait=False, cancel_futures=True)
             self.stop()
+            wait(futures, timeout=5)  # up to 5 s for their "stopped" lines before the last word
             raise
         pool.shutdown()
         return results
@@ -172,7 +173,7 @@ class Builder:
                 result = JobResult(
                     job=job, ok=False, seconds=time.monotonic() - started, detail=detail
                 )
-        stopped = not result.ok and self.stopping.is_set()
+        stopped = not result.ok and self.stopping.is_set()  # by the user: not a failure
         self.board.finished(
             job.name, ok=result.ok, seconds=result.seconds, detail=result.detail, stopped=stopped
         )

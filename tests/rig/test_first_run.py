@@ -144,6 +144,9 @@ def test_builds_stopped_by_ctrl_c_are_labelled_stopped(rig: RigCluster) -> None:
     run.process.send_signal(signal.SIGINT)
     assert run.finish() == 130
     assert "interrupted: every build of this run was stopped" in run.stderr
-    ended = [m.group(2) for m in map(ENDED.match, run.stderr.splitlines()) if m]
-    assert ended and set(ended) == {"stopped"}, run.stderr
+    lines = run.stderr.splitlines()
+    ended = [(i, m.group(2)) for i, m in enumerate(map(ENDED.match, lines)) if m]
+    assert ended and {state for _, state in ended} == {"stopped"}, run.stderr
     assert "FAILED" not in run.stderr
+    last = next(i for i, line in enumerate(lines) if line.startswith("fdl: interrupted"))
+    assert all(i < last for i, _ in ended), run.stderr  # said before the run's last word
