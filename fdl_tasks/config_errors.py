@@ -73,10 +73,10 @@ def merge_problem(path: str, text: str, keys: Sequence[str], value: object) -> s
             f"it merges into: give it a single value."
         )
     what = "empty (every line under it commented out?)" if value is None else kind_of(value)
+    example = " (e.g. 'fdl: {cluster_file: fdl.cluster.yml}')" if name == "fdl" else ""
     return (
-        f"{where}: '{name}' is {what}, but it must be a mapping of "
-        f"settings: put its settings under it (e.g. '{name}: {{cluster_file: "
-        f"fdl.cluster.yml}}'), or remove the line."
+        f"{where}: '{name}' is {what}, but it must be a mapping of settings: put its "
+        f"settings under it{example}, or remove the line."
     )
 
 

@@ -32,7 +32,10 @@ def test_an_emptied_section_names_its_line() -> None:
         "/p/invoke.yaml, line 4: 'fdl' is empty (every line under it commented out?), but it "
         "must be a mapping of settings"
     )
-    assert "/p/invoke.yaml: 'x'" in merge_problem("/p/invoke.yaml", "", ["x"], 3)
+    assert merge_problem("/p/invoke.yaml", "", ["run"], 3) == (
+        "/p/invoke.yaml: 'run' is an integer (3), but it must be a mapping of settings: put its "
+        "settings under it, or remove the line."
+    )
     mapping = merge_problem("/p/invoke.yaml", "run:\n  echo: {a: 1}\n", ["run", "echo"], {"a": 1})
     assert mapping.startswith("/p/invoke.yaml, line 2: 'run.echo' is a mapping here")
 
