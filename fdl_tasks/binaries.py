@@ -29,13 +29,11 @@ unexpected, the file reading decides alone.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterable
 from pathlib import Path
 
 from fdl_tasks.cargo_manifest import (
@@ -48,6 +46,7 @@ from fdl_tasks.cargo_manifest import (
 )
 from fdl_tasks.cargo_workspace import default_packages, selected_packages, workspace_members
 from fdl_tasks.errors import FdlError
+from fdl_tasks.suggest import close_matches, quoted_choice
 
 __all__ = [
     "CARGO_TIMEOUT",
@@ -203,31 +202,11 @@ def _location(crate_dir: Path, manifest: Path | None = None) -> str:
     return f"{shown} ({MANIFEST})"
 
 
-def _suggestions(command: str, names: Iterable[str]) -> list[str]:
-    """Close matches, case and ``-``/``_`` folded first (``ddp_bench`` -> ``ddp-bench``)."""
-
-    def fold(name: str) -> str:
-        return name.lower().replace("_", "-")
-
-    by_fold: dict[str, list[str]] = {}
-    for name in sorted(names):
-        by_fold.setdefault(fold(name), []).append(name)
-    chosen = list(by_fold.get(fold(command), []))
-    for key in difflib.get_close_matches(fold(command), list(by_fold), n=3, cutoff=0.6):
-        chosen.extend(n for n in by_fold[key] if n not in chosen)
-    return chosen[:3]
-
-
-def _quoted_choice(names: list[str]) -> str:
-    quoted = [repr(n) for n in names]
-    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
-
-
 def _refusal(command: str, location: str, names: frozenset[str], hint: str) -> str:
     parts = [f"no binary {command!r} in {location}:"]
-    close = _suggestions(command, names)
+    close = close_matches(command, names)
     if close:
-        parts.append(f"did you mean {_quoted_choice(close)}?")
+        parts.append(f"did you mean {quoted_choice(close)}?")
     listed = sorted(names)
     if not listed:
         parts.append("it has no binary targets")

@@ -108,8 +108,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
         note, run_id = backend.run_note(), backend.run_id
         run.say(
             f"{len(jobs)} build(s) with {backend.tool}, "
-            f"{min(settings.jobs, len(jobs))} at a time (run {run_id}"
-            + (f": {note})" if note else ")")
+            f"{at_once} at a time (run {run_id}" + (f": {note})" if note else ")")
         )
         try:
             results = builder.run_all(jobs)

@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,7 @@ class Builder:
         self._lock = threading.Lock()
         #: What a stop or a timeout could not remove, each line with the command that does.
         self.left_running: list[str] = []
+        self.stopping = threading.Event()  #: set by :meth:`stop`
 
     def build_line(self, job: BuildJob) -> str:
         return self.backend.build_line(job)
@@ -125,6 +126,7 @@ class Builder:
             and changed_since({self.root / job.build.crate_dir for job in jobs}, markers)
         )
         first = head_start(cached=cached, cold=cold, builds=len(jobs), dependencies=changed)
+        futures: list[Future[JobResult]] = []
         try:
             with sigterm_as_interrupt():
                 results = [self.run_one(job) for job in jobs[:first]]
@@ -133,12 +135,14 @@ class Builder:
         except KeyboardInterrupt:
             pool.shutdown(wait=False, cancel_futures=True)
             self.stop()
+            wait(futures, timeout=5)  # up to 5 s for their "stopped" lines before the last word
             raise
         pool.shutdown()
         return results
 
     def stop(self) -> None:
         """Stop every build this run started; what could not be is in :attr:`left_running`."""
+        self.stopping.set()
         with self._lock:
             running = list(self._processes.values())
         left = [line for job, process in running for line in self.backend.stop_job(job, process)]
@@ -169,7 +173,10 @@ class Builder:
                 result = JobResult(
                     job=job, ok=False, seconds=time.monotonic() - started, detail=detail
                 )
-        self.board.finished(job.name, ok=result.ok, seconds=result.seconds, detail=result.detail)
+        stopped = not result.ok and self.stopping.is_set()  # by the user: not a failure
+        self.board.finished(
+            job.name, ok=result.ok, seconds=result.seconds, detail=result.detail, stopped=stopped
+        )
         return attrs.evolve(result, started=started)
 
     def _claim_target_dir(self, job: BuildJob) -> None:

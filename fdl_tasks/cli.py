@@ -11,14 +11,20 @@ failure or a stop that left a build container or process it could not remove exi
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TypeVar
 
+import yaml
+from invoke.config import AmbiguousMergeError, Config
 from invoke.context import Context
 from invoke.exceptions import Exit, ParseError
 from invoke.parser.argument import Argument
 from invoke.tasks import Task, task
+from invoke.vendor import yaml as invoke_yaml
 
+from fdl_tasks.config_errors import merge_problem, value_at, yaml_problem
 from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.names import check_command
 
@@ -102,3 +108,54 @@ def require_command(cmd: str | None) -> str:
     if not cmd:
         raise FdlError("--cmd is required: the command (cargo --bin name) to build or run")
     return check_command(cmd)
+
+
+def config_file_problem(exc: BaseException, tb: TracebackType | None) -> str | None:
+    """Invoke's reading of a configuration file failed (``invoke.yaml``, ``-f``'s): the
+    problem as one paragraph, from the exception and the frames it passed through
+    (``None``: not raised while Invoke's :class:`Config` read or merged a file)."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    in_config = [f for f in frames if isinstance(f.f_locals.get("self"), Config)]
+    if not in_config:
+        return None
+    if isinstance(exc, yaml.YAMLError | invoke_yaml.YAMLError):  # Invoke reads with its own
+        return yaml_problem(exc, "Invoke's configuration file")
+    if not isinstance(exc, AmbiguousMergeError):
+        return None
+    merging = [f for f in in_config if f.f_code.co_name == "_merge_file"]
+    keys = [
+        str(f.f_locals["key"])
+        for f in frames
+        if f.f_code.co_name == "merge_dicts" and "key" in f.f_locals
+    ]
+    config = merging[-1].f_locals["self"] if merging else None
+    source = str(merging[-1].f_locals.get("name")) if merging else ""
+    path = getattr(config, f"_{source}_path", None)
+    if not path:
+        return f"Invoke's configuration cannot be merged: {exc}"
+    found, value = value_at(getattr(config, f"_{source}", None), keys)
+    try:
+        with open(path, encoding="utf-8") as stream:
+            text = stream.read()
+    except OSError:
+        text = ""
+    return merge_problem(path, text, keys, value if found else None)
+
+
+def exit_on_config_errors() -> None:
+    """Invoke reads its configuration files after importing the tasks, outside any task:
+    a broken one would end ``inv`` in Invoke's traceback. Said as one paragraph, exit 1;
+    every other exception goes to the hook there was."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        problem = config_file_problem(exc, tb)
+        if problem is None:
+            previous(kind, exc, tb)
+            return
+        print(f"fdl: {problem}", file=sys.stderr)
+
+    sys.excepthook = hook

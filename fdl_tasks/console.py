@@ -54,14 +54,17 @@ class StatusBoard:
         if not self.live:
             self.write(f"{self.label}: {name} started\n")
 
-    def finished(self, name: str, *, ok: bool, seconds: float, detail: str = "") -> None:
+    def finished(
+        self, name: str, *, ok: bool, seconds: float, detail: str = "", stopped: bool = False
+    ) -> None:
+        """A build's end: ok, FAILED with why, or ``stopped`` (by the user: no failure)."""
         with self.lock:
             self.running.pop(name, None)
             if ok:
                 self.done += 1
-            else:
+            elif not stopped:
                 self.failed += 1
-        state = "ok" if ok else f"FAILED ({detail})"
+        state = "ok" if ok else "stopped" if stopped else f"FAILED ({detail})"
         self.write(f"{self.label}: {name} {state} in {seconds:.1f}s\n")
 
     def _draw(self) -> None:

@@ -133,7 +133,7 @@ def launch_all(
 def launch(run: Run, command: str, args: Sequence[str]) -> None:
     """``inv launch``: the envelope checked against cluster.yaml, then every remote worker."""
     remotes = run.remotes
-    run.warn_unlisted_controller()
+    run.note_unlisted_controller()
     if not run.dry:  # a `prebuild --watch` cycle in flight publishes first
         wait_for_watch(run.root, command, run.settings.launch_wait, run.report)
     envelopes, source = read_published(run.root, command)

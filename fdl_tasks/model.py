@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import attrs
 
 from fdl_tasks.errors import FdlError
+from fdl_tasks.suggest import close_matches, quoted_choice
 
 #: A host label: used as a directory name under ``target/cluster/``.
 HostLabel = Annotated[str, "HostLabel"]
@@ -210,5 +211,8 @@ class Cluster:
         for worker in self.workers:
             if worker.host == label:
                 return worker
-        known = ", ".join(w.host for w in self.workers) or "none"
-        raise FdlError(f"unknown host {label!r}: {self.source} declares {known}")
+        labels = [w.host for w in self.workers]
+        close = close_matches(label, labels, cutoff=0.75)  # labels share prefixes (node-…)
+        guess = f" did you mean {quoted_choice(close)}?" if close else ""
+        known = ", ".join(labels) or "none"
+        raise FdlError(f"unknown host {label!r}:{guess} {self.source} declares {known}")

@@ -35,7 +35,8 @@ from fdl_tasks.locks import project_lock
 from fdl_tasks.model import Worker
 from fdl_tasks.names import check_crate_dir
 from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
-from fdl_tasks.probe import Verdict, report_lines
+from fdl_tasks.probe import Verdict
+from fdl_tasks.probe_report import report_lines
 from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
@@ -54,6 +55,8 @@ class Published:
     path: Path
     results: tuple[JobResult, ...]
     delivery: Delivery | None
+    #: The preflight verdicts the builds were planned from (this run's, or those handed in).
+    verdicts: tuple[Verdict, ...] = ()
 
 
 def skip_final_collection() -> None:
@@ -84,7 +87,7 @@ def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
     """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``): every
     host's verdict (none under --dry)."""
     skip_final_collection()
-    run.warn_unlisted_controller()
+    run.note_unlisted_controller()
     if run.dry:
         for line in dry_run_lines(run, abi=abi):
             run.report(line)
@@ -148,22 +151,26 @@ def plan(
     return jobs
 
 
-def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Published | None:
+def prebuild(
+    run: Run, command: str, crate: str, *, probe: bool = True, known: Sequence[Verdict] = ()
+) -> Published | None:
     """The whole pipeline; what it published (``None`` under --dry).
 
-    Builds are planned from the pinned CPU architectures so that the tool checks
-    overlap the ssh probe, and planned again if preflight found others.
-    ``probe=False`` (a watch cycle) skips preflight, unless a host's arch is ``auto``:
-    its choice is made from the probe, so such a run always probes; verification still runs.
+    Builds are planned from the CPU architectures pinned or in ``known`` (an earlier
+    preflight's verdicts) so that the tool checks overlap the ssh probe, and planned
+    again if preflight found others. ``probe=False`` (a watch cycle) plans from ``known``
+    alone, unless a host's arch is ``auto`` (chosen from the probe: such a run always
+    probes); verification still runs.
     """
     skip_final_collection()
-    require_verification_possible(run)
-    pinned = cross_cpu_archs(run)
+    run.settings.require_verification_possible()
+    verdicts: Sequence[Verdict] = known
+    pinned = cross_cpu_archs(run, known)
     auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
     probe = probe or auto
     backend = run_backend(run)
     jobs = [] if auto else plan(run, backend, run.remotes, command, crate, pinned)
-    run.warn_unlisted_controller()
+    run.note_unlisted_controller()
     if run.dry:
         for line in dry_run_lines(run, abi=True):
             run.report(line)
@@ -184,7 +191,8 @@ def prebuild(run: Run, command: str, crate: str, *, probe: bool = True) -> Publi
                 backend.check(jobs)
         else:
             backend.check(jobs)
-        return build_and_publish(run, fleet, backend, jobs, command, crate)
+        published = build_and_publish(run, fleet, backend, jobs, command, crate)
+        return attrs.evolve(published, verdicts=tuple(verdicts))
 
 
 def build_and_publish(
@@ -273,20 +281,11 @@ def verify_hosts(
     return delivery
 
 
-def require_verification_possible(run: Run) -> None:
-    """``--require-verified`` with ``--no-verify`` would publish what nobody verified."""
-    if run.settings.require_verified and not run.settings.verify:
-        raise FdlError(
-            "fdl.require_verified (--require-verified) needs verification, but it is off "
-            "(--no-verify or fdl.verify false): choose one"
-        )
-
-
 def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published | None:
     """``build-host``: one host's build, verified; its entry replaces its old one in the
     command's envelope (the other current hosts' entries still match their binaries)."""
     skip_final_collection()
-    require_verification_possible(run)
+    run.settings.require_verification_possible()
     cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}
     backend = run_backend(run)
     jobs = plan(run, backend, [worker], command, crate, cpu_archs)

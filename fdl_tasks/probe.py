@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -18,7 +17,6 @@ import attrs
 from fdl_tasks.gpu_probe import GPU_FACT_LINES, gpu_report
 from fdl_tasks.gpus import GpuReport
 from fdl_tasks.model import DEFAULT_DATA_PATH, Controller, Worker
-from fdl_tasks.reporting import Severity
 from fdl_tasks.variants import libtorch_dir
 
 Status = Literal["ok", "warning", "error"]
@@ -206,13 +204,14 @@ def judge(
     """Apply SPEC's preflight policy to what one host answered."""
     errors: list[str] = []
     warnings: list[str] = []
+    notes: list[str] = []
     path = request.data_path
     if facts is None or facts.data is None:
         warnings.append("the probe gave no usable answer; checks skipped")
     elif facts.data == "missing" and request.data_declared:
         errors.append(f"declared data_path {path} is missing (is the shared mount up?)")
     elif facts.data == "missing":
-        warnings.append(f"default data_path {path} is missing (fine without shared storage)")
+        notes.append(default_data_note(path))
     elif facts.data == "unreadable":
         errors.append(f"data_path {path} exists but is not readable by the login user")
     if request.libtorch and facts is not None and facts.libtorch is False:
@@ -223,7 +222,13 @@ def judge(
     if request.abi and facts is not None:
         _abi_gate(facts, build, pinned, errors, warnings)
     status: Status = "error" if errors else "warning" if warnings else "ok"
-    return Verdict(host, status, tuple(errors), tuple(warnings), facts, path, local)
+    return Verdict(host, status, tuple(errors), tuple(warnings), facts, path, local, tuple(notes))
+
+
+def default_data_note(path: str) -> str:
+    """A host declaring no ``data_path`` lacks the convention default: harmless without
+    shared storage (flodl warns), so a note, said once for all such hosts."""
+    return f"default data_path {path} is missing (fine without shared storage)"
 
 
 def _abi_gate(
@@ -268,31 +273,3 @@ def host_key_refused(host: str, request: ProbeRequest, reason: str) -> Verdict:
     """A refused host key (changed: maybe a man in the middle; revoked; unknown under
     StrictHostKeyChecking yes): always an error, never "unreachable"."""
     return Verdict(host, "error", (reason,), (), None, request.data_path)
-
-
-def report_lines(verdicts: Iterable[Verdict]) -> list[tuple[str, Severity]]:
-    """One line per problem, per host (a warning's at once, even in a quiet watch cycle);
-    then a summary line."""
-    lines: list[tuple[str, Severity]] = []
-    counts: dict[Status, list[str]] = {"ok": [], "warning": [], "error": []}
-    for verdict in verdicts:
-        counts[verdict.status].append(verdict.host)
-        where = f"{verdict.host} (controller, local)" if verdict.local else verdict.host
-        problems = [f"error: {e}" for e in verdict.errors] + [
-            f"warning: {w}" for w in verdict.warnings
-        ]
-        notes = [f"note: {n}" for n in verdict.notes]
-        if not problems:
-            lines.append((f"  ok       {where}", Severity.PROGRESS))
-        for problem in problems + notes:
-            label, text = problem.split(": ", 1)
-            severity = Severity.WARNING if label == "warning" else Severity.PROGRESS
-            lines.append((f"  {label:<8} {where}: {text}", severity))
-    summary = (
-        f"preflight: {len(counts['ok'])} ok, {len(counts['warning'])} with warnings, "
-        f"{len(counts['error'])} with errors"
-    )
-    if counts["error"]:
-        summary += f" ({', '.join(counts['error'])})"
-    lines.append((summary, Severity.WARNING if counts["warning"] else Severity.PROGRESS))
-    return lines

@@ -10,11 +10,13 @@ from typing import Any
 import attrs
 from invoke.context import Context
 
+from fdl_tasks.config_errors import CLUSTER_KEYS, misplaced_cluster_file
+from fdl_tasks.errors import FdlError
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.names import HOST_NAME_ENV, controller_label, remote_workers
 from fdl_tasks.reporting import Report, Severity, report_to_stderr
-from fdl_tasks.settings import Settings
+from fdl_tasks.settings import Settings, resolve_cluster_file
 from fdl_tasks.timeline import Timeline
 
 
@@ -35,28 +37,45 @@ class Run:
     timeline: Timeline | None = None
 
     @classmethod
-    def start(cls, c: Context, *, label: str = "prebuild", **options: Any) -> Run:
-        """Settings from ``c.config.fdl`` and the task's options, then the cluster file."""
-        settings = Settings.from_config(c.config.get("fdl", {}), **options)
+    def start(
+        cls, c: Context, *, label: str = "prebuild", workers_needed: bool = True, **options: Any
+    ) -> Run:
+        """Settings from ``c.config.fdl`` and the task's options, then the cluster file,
+        which must list a worker (unless ``workers_needed`` is false: ``clean``)."""
+        config = c.config
+        present = [key for key in CLUSTER_KEYS if key in config]
+        problem = misplaced_cluster_file(present, getattr(config, "_runtime_path", None), label)
+        if problem:
+            raise FdlError(problem)
+        settings = Settings.from_config(config.get("fdl", {}), **options)
+        project = getattr(config, "_project_prefix", None)
+        given = options.get("cluster_file") is not None
+        chosen = resolve_cluster_file(settings.cluster_file, given, project)
+        settings = attrs.evolve(settings, cluster_file=chosen)
         from_environment = os.environ.get(HOST_NAME_ENV)
         controller = controller_label(
             settings.controller_host, from_environment, socket.gethostname()
         )
         named = settings.controller_host or from_environment
         cluster = load_cluster(settings.cluster_file)
+        if workers_needed and not cluster.workers:
+            raise FdlError(
+                f"{cluster.source} lists no workers, so there is nothing to {label}: add one "
+                "entry per host under 'workers:' (host, ssh, path, arch; docs/cluster-file.md)"
+            )
         return cls(c, cluster, controller, settings, task=label, by_hostname=not named)
 
-    def warn_unlisted_controller(self) -> None:
-        """Said once, before any host is contacted: when only the hostname names the
+    def note_unlisted_controller(self) -> None:
+        """One line, before any host is contacted: when only the hostname names the
         controller and no host of the cluster file carries it, every worker is remote,
-        the controller's own entry included, which is rarely what was meant."""
+        the controller's own entry included. Usual (a controller that runs no ranks), so a
+        note, not a warning; naming the controller in any of the three ways silences it."""
         if self.by_hostname and all(w.host != self.controller for w in self.cluster.workers):
             self.say(
-                f"warning: this machine's hostname {self.controller!r} names no "
-                f"host of {self.cluster.source}, so every worker is treated as remote; "
-                f"if one of them is this machine, name it with --controller-host, "
-                f"${HOST_NAME_ENV} or fdl.controller_host",
-                Severity.WARNING,
+                f"note: this machine's hostname {self.controller!r} names no host of "
+                f"{self.cluster.source}, so every worker is remote; if one is this machine, "
+                f"or to silence this, name it with --controller-host, ${HOST_NAME_ENV} or "
+                "fdl.controller_host"
             )
 
     def say(self, text: str, severity: Severity = Severity.PROGRESS) -> None:

@@ -63,10 +63,24 @@ class Settings:
             )
         return structure(merged, cls, "invalid setting(s)", root="fdl.")
 
-    @property
-    def jobs(self) -> int:
-        """Concurrent builds: configured, else one per controller core."""
-        return self.build_jobs or os.cpu_count() or 1
+    def require_verification_possible(self) -> None:
+        """``--require-verified`` with ``--no-verify`` would publish what nobody verified."""
+        if self.require_verified and not self.verify:
+            raise FdlError(
+                "fdl.require_verified (--require-verified) needs verification, but it is off "
+                "(--no-verify or fdl.verify false): choose one"
+            )
+
+
+def resolve_cluster_file(chosen: str, given: bool, project_dir: str | None) -> str:
+    """The cluster file to read. One named on the command line (``given``) is relative to
+    the working directory, as the shell completed it; one from the settings (invoke.yaml,
+    ``INVOKE_FDL_CLUSTER_FILE``, the default) to the project root, where Invoke found
+    ``tasks.py`` (``project_dir``; ``None`` outside ``inv``), so that a subdirectory works
+    as it does for cargo."""
+    if given or project_dir is None or os.path.isabs(chosen):
+        return chosen
+    return os.path.join(project_dir, chosen)
 
 
 #: The ``fdl`` namespace's defaults, for ``ns.configure``.

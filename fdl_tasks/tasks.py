@@ -16,7 +16,7 @@ from invoke.context import Context
 import fdl_tasks.pipeline as pipeline
 from fdl_tasks.api import crate_of, publish_in_process, start_build
 from fdl_tasks.clean import clean_target_tree, stale_warning
-from fdl_tasks.cli import fdl_task, off, require_command
+from fdl_tasks.cli import exit_on_config_errors, fdl_task, off, require_command
 from fdl_tasks.envelope import encode, hand_over
 from fdl_tasks.errors import FdlError
 from fdl_tasks.launch import launch as launch_on_workers
@@ -86,7 +86,7 @@ def build_host(
     if not host:
         raise FdlError("--host is required: the label of the worker to build for")
     command = require_command(cmd)
-    options = {"cluster_file": cluster_file, "controller_host": controller_host}
+    options: dict[str, Any] = {"cluster_file": cluster_file, "controller_host": controller_host}
     run = Run.start(
         c, **options, compile_cache=off(no_cache), timings=timings or None, label="build-host"
     )
@@ -210,7 +210,8 @@ def clean(
     all: bool = False,
 ) -> None:
     """Remove target dirs under target/cluster/ that no current host, variant or image uses."""
-    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host, label="clean")
+    options: dict[str, Any] = {"cluster_file": cluster_file, "controller_host": controller_host}
+    run = Run.start(c, **options, label="clean", workers_needed=False)
     clean_target_tree(run, list_only=dry or run.dry, everything=all)
 
 
@@ -240,5 +241,6 @@ def push_libtorch(
     push_libtorch_to(run, workers)
 
 
+exit_on_config_errors()
 ns = Collection(preflight, build_host, prebuild, launch, clean, push_libtorch)
 ns.configure({"fdl": namespace_defaults()})

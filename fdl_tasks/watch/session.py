@@ -20,6 +20,7 @@ from fdl_tasks.envelope import hand_over, published_path
 from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.loader import load_cluster
+from fdl_tasks.probe import Verdict
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
 from fdl_tasks.timings import recorded
@@ -58,6 +59,9 @@ class Session:
         #: The cluster file changed: re-read it, then preflight again.
         self.reload = False
         self.probe = True
+        #: The last preflight's verdicts: a cycle that does not probe plans from their facts
+        #: (a host's CPU architecture found by ``uname -m``, above all).
+        self.verdicts: tuple[Verdict, ...] = ()
         self.target_dirs: list[tuple[str, str | None]] = []
         #: Package name → directories; ``None`` after a manifest changed.
         self.packages: dict[str, list[str]] | None = None
@@ -136,7 +140,9 @@ class Session:
                 self.probe = True
             run = self.run if first else self.quiet_run(lines)
             with recorded(run, self.command, self.run.report) as run:
-                published = pipeline.prebuild(run, self.command, self.crate, probe=self.probe)
+                published = pipeline.prebuild(
+                    run, self.command, self.crate, probe=self.probe, known=self.verdicts
+                )
         except FdlError as exc:
             hand_over(None)
             self.last_ok, self.probe = False, True
@@ -151,6 +157,7 @@ class Session:
         if published is None:  # --dry
             return
         hand_over(published.text)
+        self.verdicts = published.verdicts
         results = published.results
         self.target_dirs = target_dirs(r.job for r in results)
         rebuilt = build_labels([r.job.build for r in results if r.rebuilt])

@@ -13,9 +13,9 @@ from fdl_tasks.probe import (
     ProbeRequest,
     judge,
     parse_facts,
-    report_lines,
     unreachable,
 )
+from fdl_tasks.probe_report import report_lines
 from fdl_tasks.reporting import Severity
 
 BUILD = BuildEnvironment("x86_64", (2, 36))
@@ -65,12 +65,6 @@ def test_parse_ignores_banners_and_needs_both_markers() -> None:
             True,
             "error",
             "declared data_path /data is missing",
-        ),
-        (
-            ProbeFacts("missing", "x86_64", "ldd (GNU libc) 2.36", True),
-            False,
-            "warning",
-            "default data_path",
         ),
         (
             ProbeFacts("unreadable", "x86_64", "ldd (GNU libc) 2.36", True),
@@ -138,3 +132,26 @@ def test_unreachable_is_a_warning_and_report_summarises() -> None:
     assert said[1][1] is Severity.WARNING and said[2][1] is Severity.PROGRESS
     assert sum("error    c:" in line for line in lines) == 2
     assert lines[-1] == "preflight: 1 ok, 1 with warnings, 1 with errors (c)"
+
+
+def test_a_missing_default_data_path_is_one_note_for_every_host() -> None:
+    """Harmless without shared storage: the hosts stay ok, and one line names them all
+    and how to silence it (flodl warns per host)."""
+    facts = ProbeFacts("missing", "x86_64", "ldd (GNU libc) 2.36", True)
+    undeclared = ProbeRequest("/flodl/data", False, abi=True)
+    verdicts = [judge(h, undeclared, facts, BUILD) for h in ("a", "b")]
+    assert [v.status for v in verdicts] == ["ok", "ok"]
+    assert verdicts[0].notes == (
+        "default data_path /flodl/data is missing (fine without shared storage)",
+    )
+    lines = [line for line, _ in report_lines(verdicts)]
+    assert lines == [
+        "  ok       a",
+        "  ok       b",
+        "  note     no data_path declared, and the default /flodl/data is missing on a, b: fine "
+        "without shared storage (declare data_path: on those hosts to silence this; a declared "
+        "one must exist)",
+        "preflight: 2 ok, 0 with warnings, 0 with errors",
+    ]
+    declared = judge("c", ProbeRequest("/flodl/data", True, abi=True), facts, BUILD)
+    assert declared.status == "error" and not declared.notes
