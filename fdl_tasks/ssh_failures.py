@@ -139,8 +139,8 @@ def _config_problem(exc: BaseException, kind: Kind, login: Login) -> str:
     if kind is Kind.NOT_SSH:
         said = f"it said {login.answer[:60]!r}" if login.answer else str(exc)
         return (
-            f"{where} answers, but not as an SSH server ({said}): is {login.port} the "
-            "port of its sshd (ssh.port, or Port in an ssh_config)?"
+            f"{where} answers, but not as an SSH server ({said}): check that {login.port} "
+            "is its sshd's port (ssh.port, or Port in an ssh_config)"
         )
     if kind is Kind.KEY_FILE:
         key = login.keys[0] if login.keys else "the identity file"
@@ -161,8 +161,8 @@ def _config_problem(exc: BaseException, kind: Kind, login: Login) -> str:
         )
     return (
         f"authentication refused at {where} for user {user} (keys offered: "
-        f"{login.offered()}): is the user right, and is the public half of the key "
-        f"in ~{user}/.ssh/authorized_keys there?"
+        f"{login.offered()}): check the user, and that the key's public half is in "
+        f"~{user}/.ssh/authorized_keys there"
     )
 
 
