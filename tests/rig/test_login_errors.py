@@ -40,6 +40,10 @@ class _Echo(socketserver.BaseRequestHandler):
             self.request.sendall(data)
 
 
+class _EchoServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+
+
 class _Quiet(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -47,12 +51,8 @@ class _Quiet(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    servers = [
-        http.server.ThreadingHTTPServer(WEB, _Quiet),
-        socketserver.ThreadingTCPServer(ECHO, _Echo),
-    ]
+    servers = [http.server.ThreadingHTTPServer(WEB, _Quiet), _EchoServer(ECHO, _Echo)]
     for server in servers:
-        server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with start_rig(tmp_path_factory.mktemp("login"), HOSTS, [VARIANT]) as cluster:
