@@ -71,8 +71,16 @@ CASES = [
     (banner_error(ConnectionResetError()), "220 smtp ESMTP", Kind.NOT_SSH),
     (paramiko.SSHException("Expecting packet from (31,), got 30"), "", Kind.NOT_SSH),
     (paramiko.SSHException('Indecipherable protocol version "x"'), "", Kind.NOT_SSH),
-    (paramiko.IncompatiblePeer("Incompatible version (1.5 instead of 2.0)"), "", Kind.NOT_SSH),
-    (paramiko.IncompatiblePeer("Incompatible ssh peer (no acceptable kex)"), "", Kind.OTHER),
+    (
+        paramiko.ssh_exception.IncompatiblePeer("Incompatible version (1.5 instead of 2.0)"),
+        "",
+        Kind.NOT_SSH,
+    ),
+    (
+        paramiko.ssh_exception.IncompatiblePeer("Incompatible ssh peer (no acceptable kex)"),
+        "",
+        Kind.OTHER,
+    ),
     (ValueError("odd"), "", Kind.OTHER),
 ]
 
@@ -182,7 +190,7 @@ def test_what_verification_must_reach() -> None:
             check_verified(0, down, requirement)
     check_verified(0, down, "none")
     check_verified(1, down, "one")
-    with pytest.raises(FdlError, match="fdl.require_verified is on") as raised:
+    with pytest.raises(FdlError, match=r"fdl\.require_verified is on") as raised:
         check_verified(1, down, "all")
     assert not isinstance(raised.value, NothingVerified)
     check_verified(0, {}, "one")  # no host to ask: nothing to fail
