@@ -45,15 +45,20 @@ class Identity:
     """One identity file as read: its key, or why it cannot be used."""
 
     #: The key, loaded once per fan-out; ``None`` if paramiko must load it itself
-    #: (a passphrase: the agent may hold it) or it is not a private key.
+    #: (a passphrase: the agent may hold it) or it cannot be used.
     pkey: paramiko.PKey | None
-    #: Not a private key paramiko can read.
-    unusable: bool = False
-    #: It is a public key (a ``.pub`` file, or text that starts like one).
-    public: bool = False
+    #: Why it cannot be used ("" if it can): ``missing``, ``public`` (a ``.pub``
+    #: file, or text that starts like one) or ``unreadable`` (no private key).
+    why: str = ""
+
+    @property
+    def unusable(self) -> bool:
+        return bool(self.why)
 
 
 def load_identity(path: str) -> Identity:
+    if not os.path.isfile(path):
+        return Identity(None, "missing")
     try:
         return Identity(paramiko.PKey.from_path(path))
     except (paramiko.PasswordRequiredException, TypeError):  # TypeError: a passphrase
@@ -65,7 +70,7 @@ def load_identity(path: str) -> Identity:
         except OSError:
             head = b""
         public = path.endswith(".pub") or head.startswith((b"ssh-", b"ecdsa-", b"sk-"))
-        return Identity(None, unusable=True, public=public)
+        return Identity(None, "public" if public else "unreadable")
 
 
 def login_of(

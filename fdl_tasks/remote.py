@@ -107,8 +107,6 @@ class Fleet:
         if not worker.ssh.identity_file:
             return {}
         identity = os.path.expanduser(worker.ssh.identity_file)
-        if not os.path.isfile(identity):
-            raise FdlError(f"{worker.host}: ssh.identity_file {identity} does not exist")
         if identity not in self._identities:
             self._identities[identity] = load_identity(identity)
         loaded = self._identities[identity]
@@ -206,7 +204,7 @@ class Fleet:
         def attempt(label: str) -> None:
             if label in self._unusable:  # never offered: said as what it is
                 login = login_of(self.connections[label])
-                self.failed[label] = key_file_failure(login, self._unusable[label].public)
+                self.failed[label] = key_file_failure(login, self._unusable[label].why)
                 return
             try:
                 self.connections[label].open()

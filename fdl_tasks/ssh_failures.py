@@ -166,22 +166,22 @@ def _config_problem(exc: BaseException, kind: Kind, login: Login) -> str:
     )
 
 
-def key_file_failure(login: Login, public: bool) -> Failure:
-    """The identity file is not a private key (``public``: it is the ``.pub`` half)."""
+def key_file_failure(login: Login, why: str) -> Failure:
+    """The identity file cannot be used (``why``: ``missing``, ``public`` or ``unreadable``)."""
     key = login.keys[0] if login.keys else "the identity file"
-    if public:
+    purpose = f"to log in to {login.where} as {login.user}"
+    hand = login.by_hand()
+    if why == "public":
         private = key.removesuffix(".pub")
         text = (
             f"ssh.identity_file {key} is a public key: point it at the private key "
-            f"({private}, if that is its pair), to log in to {login.where} as {login.user}"
+            f"({private}, if that is its pair), {purpose}"
         )
         hand = attrs.evolve(login, keys=(private,)).by_hand()
+    elif why == "missing":
+        text = f"ssh.identity_file {key} does not exist ({purpose})"
     else:
-        text = (
-            f"ssh.identity_file {key} is not a private key fdl-tasks can read, to log in "
-            f"to {login.where} as {login.user}"
-        )
-        hand = login.by_hand()
+        text = f"ssh.identity_file {key} is not a private key fdl-tasks can read ({purpose})"
     return Failure(f"{text}; try by hand: {hand}", Kind.KEY_FILE)
 
 

@@ -138,6 +138,16 @@ def test_the_public_half_as_identity_file_is_an_error(rig: RigCluster) -> None:
         f"ssh.identity_file {public} is a public key: point it at the private key ({private}, "
     ), reason
     assert by_hand(reason)[:3] == ["ssh", "-i", str(private)]
+    # A file that is not there: the same kind of error, on that host's line.
+    gone = rig.root / "no such key"
+    done, got = preflight(
+        rig, [worker(rig, "good", identity_file=str(gone)), worker(rig, "down")], "gone"
+    )
+    assert done.returncode == 4, done.stderr
+    assert got["good"]["errors"][0].startswith(
+        f"ssh.identity_file {gone} does not exist (to log in to 127.0.6.1:2222 as root); "
+    ), got["good"]
+    assert got["down"]["failure"] == "unreachable"
 
 
 def test_no_key_at_all_is_an_error(rig: RigCluster) -> None:

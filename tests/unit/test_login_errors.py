@@ -136,12 +136,17 @@ def test_other_configuration_failures_say_what_they_are() -> None:
         "10.0.0.5:2222 answers, but not as an SSH server (it said 'HTTP/1.1 400 Bad Request'): "
         "check that 2222 is its sshd's port"
     )
-    public = key_file_failure(Login("root", "h", 22, ("/k/id.pub",), identity_only=True), True)
+    public = key_file_failure(Login("root", "h", 22, ("/k/id.pub",), identity_only=True), "public")
     assert public.kind is Kind.KEY_FILE
     assert public.reason.endswith(
         "try by hand: ssh -i /k/id -o IdentitiesOnly=yes -p 22 root@h true"
     )
     assert public.reason.startswith("ssh.identity_file /k/id.pub is a public key: point it at ")
+    missing = key_file_failure(Login("root", "h", 22, ("/k/gone",)), "missing")
+    assert missing.reason == (
+        "ssh.identity_file /k/gone does not exist (to log in to h:22 as root); try by hand: "
+        "ssh -i /k/gone -p 22 root@h true"
+    )
 
 
 def test_hosts_down_keep_their_words() -> None:
@@ -258,10 +263,10 @@ def test_identity_files_as_read(tmp_path: Path) -> None:
     key = keygen(tmp_path / "id")
     assert load_identity(str(key)).pkey is not None
     public = load_identity(f"{key}.pub")
-    assert public.unusable and public.public and public.pkey is None
+    assert public.unusable and public.why == "public" and public.pkey is None
     (tmp_path / "notes").write_text("hello\n")
-    other = load_identity(str(tmp_path / "notes"))
-    assert other.unusable and not other.public
+    assert load_identity(str(tmp_path / "notes")).why == "unreadable"
+    assert load_identity(str(tmp_path / "absent")).why == "missing"
     locked = load_identity(str(keygen(tmp_path / "locked", "secret")))
     assert not locked.unusable and locked.pkey is None  # paramiko (or the agent) then
 
