@@ -230,9 +230,8 @@ def build_and_publish(
     run.say(f"envelope of {command} for {len(merged)} host(s) written to {path}")
     if not run.settings.verify:
         run.say(
-            f"warning: envelope of {command} published unverified (--no-verify or fdl.verify "
-            "false): no host was asked whether it sees its binary and can load it",
-            Severity.WARNING,
+            f"envelope of {command} published unverified (--no-verify or fdl.verify false): "
+            "no host was asked whether it sees its binary and can load it"
         )
     return Published(
         command=command,

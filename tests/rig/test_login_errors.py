@@ -227,7 +227,7 @@ def test_prebuild_with_every_host_down_fails_and_builds_nothing(rig: RigCluster)
 def test_no_verify_says_the_envelope_is_unverified(rig: RigCluster) -> None:
     path = rig.write([worker(rig, "good")], "no-verify.yaml")
     line = (
-        "prebuild: warning: envelope of ddp-bench published unverified (--no-verify or "
+        "prebuild: envelope of ddp-bench published unverified (--no-verify or "
         "fdl.verify false): no host was asked whether it sees its binary and can load it"
     )
     done = rig.inv(*prebuild_args(path, "--no-verify"), env=NATIVE)
