@@ -48,9 +48,5 @@ class Failure:
     reason: str
     kind: Kind = Kind.UNREACHABLE
 
-    @property
-    def host_key_refused(self) -> bool:
-        return self.kind is Kind.HOST_KEY
-
 
 Outcome = Reply | Failure
