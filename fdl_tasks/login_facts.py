@@ -91,7 +91,19 @@ def login_of(
         agent=agent,
         identity_only=kwargs.get("look_for_keys") is False and bool(keys),
         answer=answer,
+        via=_via(connection.gateway),
     )
+
+
+def _via(gateway: object) -> tuple[str, ...]:
+    """ssh's options for the way there: ``-J`` with the hops, first first; a ProxyCommand."""
+    if isinstance(gateway, str):
+        return ("-o", f"ProxyCommand={gateway}")
+    hops: list[str] = []
+    while isinstance(gateway, fabric.Connection):
+        hops.insert(0, f"{gateway.user}@{gateway.host}:{gateway.port}")
+        gateway = gateway.gateway
+    return ("-J", ",".join(hops)) if hops else ()
 
 
 def greet(host: str, port: int, timeout: float) -> str:

@@ -38,6 +38,8 @@ class Login:
     identity_only: bool = False
     #: What the port said to an SSH greeting, once the handshake failed ("" if nothing).
     answer: str = ""
+    #: How the connection gets there: ``-J`` hops, or ``-o ProxyCommand=…`` (as ssh's argv).
+    via: tuple[str, ...] = ()
 
     @property
     def where(self) -> str:
@@ -50,7 +52,7 @@ class Login:
             argv += ["-i", self.keys[0]]
         if self.identity_only:
             argv += ["-o", "IdentitiesOnly=yes"]
-        argv += ["-p", str(self.port), f"{self.user}@{self.host}", "true"]
+        argv += [*self.via, "-p", str(self.port), f"{self.user}@{self.host}", "true"]
         return " ".join(shlex.quote(word) for word in argv)
 
     def offered(self) -> str:

@@ -283,6 +283,14 @@ def test_the_keys_a_connection_offers(tmp_path: Path, monkeypatch: pytest.Monkey
     )
     anything = fabric.Connection("h", user="u", port=22)
     assert login_of(anything, {}) == Login("u", "h", 22, (str(default),))
+    first = fabric.Connection("jump1", user="j", port=22)
+    second = fabric.Connection("jump2", user="k", port=2022, gateway=first)
+    hopped = login_of(fabric.Connection("h", user="u", port=22, gateway=second), {})
+    assert shlex.split(hopped.by_hand())[-6:] == [
+        "-J", "j@jump1:22,k@jump2:2022", "-p", "22", "u@h", "true"
+    ]  # fmt: skip
+    proxied = login_of(fabric.Connection("h", user="u", gateway="nc -x p:1080 %h %p"), {})
+    assert shlex.split(proxied.by_hand())[-6:-4] == ["-o", "ProxyCommand=nc -x p:1080 %h %p"]
 
 
 def test_greeting_a_port() -> None:
