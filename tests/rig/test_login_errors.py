@@ -194,7 +194,7 @@ def test_a_port_that_is_not_ssh_is_an_error_and_a_host_down_a_warning(rig: RigCl
 def test_accept_new_says_which_keys_it_remembered(rig: RigCluster) -> None:
     rig.known_hosts.unlink(missing_ok=True)
     line = (
-        "warning: permanently added '[127.0.6.1]:2222' (ED25519) to the list of known hosts "
+        "permanently added '[127.0.6.1]:2222' (ED25519) to the list of known hosts "
         f"({rig.known_hosts}; StrictHostKeyChecking accept-new)"
     )
     done, _ = preflight(rig, [worker(rig, "good")], "tofu")

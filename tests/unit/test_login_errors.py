@@ -242,9 +242,9 @@ def test_accept_new_is_said_in_one_line_per_file() -> None:
         ("10.0.0.3", "ssh-rsa", None),
     ]
     assert added_lines(added) == [
-        "warning: permanently added '[10.0.0.1]:2222' (ED25519), '10.0.0.2' (ECDSA) to the "
+        "permanently added '[10.0.0.1]:2222' (ED25519), '10.0.0.2' (ECDSA) to the "
         "list of known hosts (/k; StrictHostKeyChecking accept-new)",
-        "warning: permanently added '10.0.0.3' (RSA) to the list of known hosts (in memory: "
+        "permanently added '10.0.0.3' (RSA) to the list of known hosts (in memory: "
         "no user known_hosts file; StrictHostKeyChecking accept-new)",
     ]
     assert added_lines([]) == []
