@@ -20,7 +20,14 @@ from invoke.exceptions import CommandTimedOut
 from fdl_tasks.hostkey_policy import HostKeyRefused
 from fdl_tasks.outcomes import Failure, Kind
 
-_NOT_SSH_WORDS = ("Indecipherable protocol version", "Invalid SSH banner", "Expecting packet")
+#: paramiko's words for a peer that answered, but not as SSH speaks.
+_NOT_SSH_WORDS = (
+    "Indecipherable protocol version",
+    "Invalid SSH banner",
+    "Expecting packet",
+    "Incompatible version",
+)
+_BANNER = "Error reading SSH protocol banner"
 
 
 @attrs.frozen
@@ -61,9 +68,7 @@ class Login:
 
 
 def _banner_failure(exc: BaseException) -> bool:
-    return isinstance(exc, paramiko.SSHException) and "Error reading SSH protocol banner" in str(
-        exc
-    )
+    return isinstance(exc, paramiko.SSHException) and _BANNER in str(exc)
 
 
 def classify(exc: BaseException, answer: str = "") -> Kind:
@@ -86,9 +91,7 @@ def classify(exc: BaseException, answer: str = "") -> Kind:
             return Kind.UNREACHABLE  # accepted, then silent: a hung host
         # Closed without a banner: not SSH if the port says something else when greeted.
         return Kind.NOT_SSH if answer and not answer.startswith("SSH-") else Kind.UNREACHABLE
-    if isinstance(exc, paramiko.SSHException) and (
-        any(word in str(exc) for word in _NOT_SSH_WORDS) or "Incompatible version" in str(exc)
-    ):
+    if isinstance(exc, paramiko.SSHException) and any(w in str(exc) for w in _NOT_SSH_WORDS):
         return Kind.NOT_SSH
     if isinstance(exc, paramiko.SSHException) and "No existing session" in str(exc):
         return Kind.UNREACHABLE
