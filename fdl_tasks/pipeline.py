@@ -32,6 +32,7 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.gpu_gate import with_chosen_archs
 from fdl_tasks.layout import LOCK_FILE
 from fdl_tasks.locks import project_lock
+from fdl_tasks.login_verdicts import check_verified, nothing_reached, preflight_error
 from fdl_tasks.model import Worker
 from fdl_tasks.names import check_crate_dir
 from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
@@ -40,9 +41,9 @@ from fdl_tasks.probe_report import report_lines
 from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
-from fdl_tasks.timings import round_trips, step
+from fdl_tasks.timings import step
 from fdl_tasks.variants import libtorch_dir
-from fdl_tasks.verification import Delivery, verify_delivery
+from fdl_tasks.verification import Delivery, require_verification_possible, verify_hosts
 
 
 @attrs.frozen(kw_only=True)
@@ -78,9 +79,11 @@ def report_preflight(run: Run, verdicts: Sequence[Verdict], as_json: bool) -> No
         run.report(line, severity)
     if as_json:
         print(json.dumps([v.to_json() for v in verdicts], indent=2))
-    failed = [v.host for v in verdicts if v.status == "error"]
+    failed = [v for v in verdicts if v.status == "error"]
     if failed:
-        raise FdlError(f"preflight found errors on {', '.join(failed)}; nothing was built")
+        raise preflight_error(failed)(
+            f"preflight found errors on {', '.join(v.host for v in failed)}; nothing was built"
+        )
 
 
 def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
@@ -163,7 +166,7 @@ def prebuild(
     probes); verification still runs.
     """
     skip_final_collection()
-    run.settings.require_verification_possible()
+    require_verification_possible(run)
     verdicts: Sequence[Verdict] = known
     pinned = cross_cpu_archs(run, known)
     auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
@@ -183,6 +186,7 @@ def prebuild(
                 verdicts = run_preflight(run, fleet, abi=True)
                 report_preflight(run, verdicts, as_json=False)
                 checked.result()
+            require_one_reached(run, verdicts)
             if auto:  # each chosen arch, exactly as if written in the cluster file
                 run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
             cpu_archs = cross_cpu_archs(run, verdicts)
@@ -232,6 +236,11 @@ def build_and_publish(
         with step(run, "publish", command):
             text = envelope.publish(run.root, command, merged)
     run.say(f"envelope of {command} for {len(merged)} host(s) written to {path}")
+    if not run.settings.verify:
+        run.say(
+            f"envelope of {command} published unverified (--no-verify or fdl.verify false): "
+            "no host was asked whether it sees its binary and can load it"
+        )
     return Published(
         command=command,
         entries=merged,
@@ -259,33 +268,20 @@ def merge_base(run: Run, command: str, keep: set[str]) -> dict[str, PerHostEnvel
     return {host: entry for host, entry in (published or {}).items() if host in keep}
 
 
-def verify_hosts(
-    run: Run, fleet: Fleet, envelopes: dict[str, PerHostEnvelope], built: dict[str, Path]
-) -> Delivery:
-    """Every reachable host must run its binary; an unreachable one is a warning unless
-    ``fdl.require_verified``."""
-    with round_trips(run, fleet, "verify"):
-        delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
-    if delivery.problems:
-        raise FdlError(
-            "delivery verification failed; no envelope was published.\n"
-            + "\n".join(f"  {p}" for p in delivery.problems)
-        )
-    run.report(f"verify: {delivery.summary()}")
-    if delivery.unverified and run.settings.require_verified:
-        raise FdlError(
-            f"{len(delivery.unverified)} host(s) not verified and fdl.require_verified is on; "
-            "no envelope was published: "
-            + "; ".join(f"{h} ({why})" for h, why in sorted(delivery.unverified.items()))
-        )
-    return delivery
+def require_one_reached(run: Run, verdicts: Sequence[Verdict]) -> None:
+    """No remote host answered preflight: verification could reach none, so build nothing
+    (unless ``fdl.require_verified`` is none, or verification is off)."""
+    remotes = [w.host for w in run.remotes]
+    if run.settings.verify and nothing_reached(verdicts, remotes):
+        failed = {v.host: v.warnings[0] if v.warnings else "" for v in verdicts if v.failure}
+        check_verified(0, failed, run.settings.require_verified, published=False)
 
 
 def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published | None:
     """``build-host``: one host's build, verified; its entry replaces its old one in the
     command's envelope (the other current hosts' entries still match their binaries)."""
     skip_final_collection()
-    run.settings.require_verification_possible()
+    require_verification_possible(run)
     cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}
     backend = run_backend(run)
     jobs = plan(run, backend, [worker], command, crate, cpu_archs)

@@ -10,13 +10,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fdl_tasks.gpu_gate import gate
+from fdl_tasks.login_verdicts import failed_verdict
 from fdl_tasks.model import Cluster, Controller, Worker
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.probe import (
     BuildEnvironment,
     ProbeRequest,
     Verdict,
-    host_key_refused,
     judge,
     parse_facts,
     unreachable,
@@ -70,7 +70,8 @@ def probe_remotes(
     cross: Iterable[str],
     root: Path | None = None,
 ) -> list[Verdict]:
-    """One round trip per remote host, all in parallel; unreachable is a warning.
+    """One round trip per remote host, all in parallel; unreachable is a warning, a
+    misconfigured login an error (:mod:`fdl_tasks.login_verdicts`).
 
     ``root``: the controller's project root, whose variants' ``.arch`` files the
     GPU gate reads (:mod:`fdl_tasks.gpu_gate`)."""
@@ -83,9 +84,7 @@ def probe_remotes(
     for host, request in requests.items():
         outcome = outcomes[host]
         if isinstance(outcome, Failure):
-            verdict = (host_key_refused if outcome.host_key_refused else unreachable)(
-                host, request, outcome.reason
-            )
+            verdict = failed_verdict(host, request.data_path, outcome, settings.ssh_login_errors)
         elif outcome.exited != 0:
             verdict = unreachable(
                 host, request, f"the probe exited {outcome.exited}: {outcome.stderr.strip()[-200:]}"

@@ -166,6 +166,8 @@ class Verdict:
     coverage: dict[str, object] | None = None
     #: The arch ``arch: auto`` chose for the host.
     arch: str | None = None
+    #: Why the host could not be asked: an ssh failure's kind (``outcomes.Kind``'s value).
+    failure: str | None = None
 
     def to_json(self) -> dict[str, object]:
         facts = self.facts
@@ -185,6 +187,7 @@ class Verdict:
             "coverage": self.coverage,
             "arch": self.arch,
             "notes": list(self.notes),
+            "failure": self.failure,
         }
 
 
@@ -267,9 +270,3 @@ def _abi_gate(
 def unreachable(host: str, request: ProbeRequest, reason: str) -> Verdict:
     """A probe never makes things worse than no probe: unreachable is a warning."""
     return Verdict(host, "warning", (), (f"unreachable: {reason}",), None, request.data_path)
-
-
-def host_key_refused(host: str, request: ProbeRequest, reason: str) -> Verdict:
-    """A refused host key (changed: maybe a man in the middle; revoked; unknown under
-    StrictHostKeyChecking yes): always an error, never "unreachable"."""
-    return Verdict(host, "error", (reason,), (), None, request.data_path)
