@@ -176,9 +176,13 @@ def test_no_cargo_on_path(rig: RigCluster) -> None:
     assert error.startswith("cargo is not on PATH: install Rust"), error
 
 
-def rustc_has_aarch64_std() -> bool:
+#: A target neither rustup's default toolchain nor Debian's rustc ships a std for.
+TARGET = "aarch64-unknown-linux-musl"
+
+
+def rustc_has_std(target: str) -> bool:
     answer = subprocess.run(
-        ["rustc", "--print", "target-libdir", "--target", "aarch64-unknown-linux-gnu"],
+        ["rustc", "--print", "target-libdir", "--target", target],
         capture_output=True,
         text=True,
         check=False,
@@ -188,11 +192,11 @@ def rustc_has_aarch64_std() -> bool:
 
 
 def test_native_cross_target_without_std(rig: RigCluster) -> None:
-    """An aarch64 host found by the probe (no ``cpu_arch`` pin), a native cross setup, and
-    this machine's rustc without the aarch64 std: a controller error before any build."""
-    if rustc_has_aarch64_std():
-        pytest.skip("this machine's rustc has the aarch64 std")
-    path = rig.write([host(rig, "arm")], "nostd.yaml", cross={"aarch64": {}})
+    """An aarch64 host found by the probe (no ``cpu_arch`` pin), a native cross setup for a
+    target whose std this machine's rustc lacks: a controller error before any build."""
+    if rustc_has_std(TARGET):
+        pytest.skip(f"this machine's rustc has the {TARGET} std")
+    path = rig.write([host(rig, "arm")], "nostd.yaml", cross={"aarch64": {"target": TARGET}})
     done = preflight(rig, path, env={"PATH": os.environ["PATH"]})
     assert done.returncode == 1, done.stderr
     got = verdicts(done.stdout)
@@ -200,7 +204,7 @@ def test_native_cross_target_without_std(rig: RigCluster) -> None:
     (error,) = got["ctrl"]["errors"]
     assert error.startswith(
         "native cross build(s) without the Rust standard library of their target: "
-        "aarch64-unknown-linux-gnu (for aarch64 hosts): no libstd in "
+        f"{TARGET} (for aarch64 hosts): "
     ), error
-    assert "rustup target add aarch64-unknown-linux-gnu" in error
+    assert f"rustup target add {TARGET}" in error
     assert_refused_before_building(prebuild(rig, path))
