@@ -12,8 +12,8 @@ from __future__ import annotations
 import atexit
 import gc
 import json
+import secrets
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -22,10 +22,12 @@ import fdl_tasks.envelope as envelope
 from fdl_tasks.atomic_files import remove_partials
 from fdl_tasks.auto_arch import AUTO
 from fdl_tasks.backends.protocol import Backend
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_environment import BuildJob
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.build_step import run_backend, run_builds
 from fdl_tasks.builder import JobResult
+from fdl_tasks.controller_check import require_ready, variant_problem
 from fdl_tasks.copying import copy_step
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
@@ -35,14 +37,14 @@ from fdl_tasks.locks import project_lock
 from fdl_tasks.login_verdicts import check_verified, nothing_reached, preflight_error
 from fdl_tasks.model import Worker
 from fdl_tasks.names import check_crate_dir
-from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
+from fdl_tasks.preflight import cross_cpu_archs, dry_run_lines, run_preflight
 from fdl_tasks.probe import Verdict
 from fdl_tasks.probe_report import report_lines
+from fdl_tasks.readiness import NOTHING_BUILT, crate_missing, root_missing
 from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
 from fdl_tasks.timings import step
-from fdl_tasks.variants import libtorch_dir
 from fdl_tasks.verification import Delivery, require_verification_possible, verify_hosts
 
 
@@ -73,16 +75,20 @@ def skip_final_collection() -> None:
     atexit.register(gc.freeze)
 
 
-def report_preflight(run: Run, verdicts: Sequence[Verdict], as_json: bool) -> None:
-    """One line per host and a summary; an error on any host stops everything."""
+def report_preflight(
+    run: Run, verdicts: Sequence[Verdict], as_json: bool, *, building: bool = False
+) -> None:
+    """One line per host and a summary; an error on any host stops everything (before
+    any build, said when ``building``)."""
     for line, severity in report_lines(verdicts):
         run.report(line, severity)
     if as_json:
         print(json.dumps([v.to_json() for v in verdicts], indent=2))
     failed = [v for v in verdicts if v.status == "error"]
     if failed:
+        then = f"; {NOTHING_BUILT}" if building else ""
         raise preflight_error(failed)(
-            f"preflight found errors on {', '.join(v.host for v in failed)}; nothing was built"
+            f"preflight found errors on {', '.join(v.host for v in failed)}{then}"
         )
 
 
@@ -95,8 +101,9 @@ def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
         for line in dry_run_lines(run, abi=abi):
             run.report(line)
         return []
+    backend = backend_for(run.cluster, secrets.token_hex(4), None)  # checks only: no cache
     with Fleet(run.remotes, run.settings, run.report) as fleet:
-        verdicts = run_preflight(run, fleet, abi=abi)
+        verdicts = run_preflight(run, fleet, backend, abi=abi)
     report_preflight(run, verdicts, as_json)
     return verdicts
 
@@ -104,24 +111,16 @@ def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
 def resolve_crate_dir(run: Run, option: str | None, command: str) -> str:
     """Option, else setting, else ``<root>/<command>`` when it is a crate, else the root."""
     chosen = option if option is not None else run.settings.crate_dir
+    source = run.cluster.source
+    if not run.root.is_dir():
+        raise FdlError(root_missing(str(run.root), source))
     if chosen:
         relative = check_crate_dir(chosen)
     else:
         relative = command if (run.root / command / "Cargo.toml").is_file() else ""
     if not (run.root / relative / "Cargo.toml").is_file():
-        raise FdlError(
-            f"no Cargo.toml in {run.root / relative}: pass --crate-dir relative to controller.path"
-        )
+        raise FdlError(crate_missing(str(run.root / relative), chosen, source))
     return relative
-
-
-def cross_cpu_archs(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str]:
-    """Hosts whose CPU architecture (``cpu_arch``, else preflight's ``uname -m``) is not
-    the controller's: they get cross builds."""
-    native = local_build_environment().cpu_arch
-    seen = {v.host: v.facts.cpu_arch for v in verdicts if v.facts and v.facts.cpu_arch}
-    cpu_archs = {w.host: w.cpu_arch or seen.get(w.host) for w in run.remotes}
-    return {host: cpu for host, cpu in cpu_archs.items() if cpu and cpu != native}
 
 
 def plan(
@@ -141,16 +140,9 @@ def plan(
         )
     shared = run.settings.shared_builds
     jobs = plan_builds(workers, backend, command, crate, shared, cpu_archs=cpu_archs)
-    libs = {job.build.arch: f"{libtorch_dir(str(run.root), job.build.arch)}/lib" for job in jobs}
-    absent = [
-        (job, libs[job.build.arch]) for job in jobs if not Path(libs[job.build.arch]).is_dir()
-    ]
-    missing = sorted({f"{h} (arch {j.build.arch}): {lib}" for j, lib in absent for h in j.hosts})
+    missing = variant_problem(run.root, {h: j.build.environment for j in jobs for h in j.hosts})
     if missing:
-        raise FdlError(
-            "libtorch variant(s) not found on the controller (a typo in 'arch'?); nothing was "
-            "built: " + "; ".join(missing)
-        )
+        raise FdlError(f"{missing}\n{NOTHING_BUILT}")
     return jobs
 
 
@@ -159,42 +151,41 @@ def prebuild(
 ) -> Published | None:
     """The whole pipeline; what it published (``None`` under --dry).
 
-    Builds are planned from the CPU architectures pinned or in ``known`` (an earlier
-    preflight's verdicts) so that the tool checks overlap the ssh probe, and planned
-    again if preflight found others. ``probe=False`` (a watch cycle) plans from ``known``
-    alone, unless a host's arch is ``auto`` (chosen from the probe: such a run always
-    probes); verification still runs.
+    Preflight checks the controller (the variants, the build tool, its images)
+    beside the ssh probe; the builds are planned from what it found.
+    ``probe=False`` (a watch cycle) skips preflight and plans from ``known``, an earlier
+    preflight's verdicts (a host's probed CPU architecture above all), unless a host's
+    arch is ``auto``: its choice is made from the probe, so such a run always probes;
+    verification still runs, and the controller's checks too
+    (:func:`~fdl_tasks.controller_check.require_ready`).
     """
     skip_final_collection()
     require_verification_possible(run)
     verdicts: Sequence[Verdict] = known
-    pinned = cross_cpu_archs(run, known)
     auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
-    probe = probe or auto
+    probe = (probe or auto) and not run.dry
     backend = run_backend(run)
-    jobs = [] if auto else plan(run, backend, run.remotes, command, crate, pinned)
     run.note_unlisted_controller()
     if run.dry:
+        jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
         for line in dry_run_lines(run, abi=True):
             run.report(line)
         run_builds(run, backend, jobs)
         return None
     with Fleet(run.remotes, run.settings, run.report) as fleet:
         if probe:
-            with ThreadPoolExecutor(1) as side:
-                checked = side.submit(backend.check, jobs)  # overlaps the ssh probe
-                verdicts = run_preflight(run, fleet, abi=True)
-                report_preflight(run, verdicts, as_json=False)
-                checked.result()
+            verdicts = run_preflight(run, fleet, backend, abi=True, crate=crate)
+            report_preflight(run, verdicts, as_json=False, building=True)
             require_one_reached(run, verdicts)
             if auto:  # each chosen arch, exactly as if written in the cluster file
                 run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
             cpu_archs = cross_cpu_archs(run, verdicts)
-            if auto or cpu_archs != pinned:
-                jobs = plan(run, backend, run.remotes, command, crate, cpu_archs)
-                backend.check(jobs)
+            jobs = plan(run, backend, run.remotes, command, crate, cpu_archs)
+            if auto:  # preflight could not check the variants chosen from its answers
+                require_ready(run.root, backend, jobs)
         else:
-            backend.check(jobs)
+            jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
+            require_ready(run.root, backend, jobs)
         published = build_and_publish(run, fleet, backend, jobs, command, crate)
         return attrs.evolve(published, verdicts=tuple(verdicts))
 
@@ -289,6 +280,6 @@ def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published |
     if run.dry:
         run_builds(run, backend, jobs)
         return None
-    backend.check(jobs)
+    require_ready(run.root, backend, jobs)
     with Fleet([worker], run.settings, run.report) as fleet:
         return build_and_publish(run, fleet, backend, jobs, command, crate)
