@@ -222,9 +222,12 @@ def test_docker_api_error_is_one_clean_message(rig: RigCluster) -> None:
     path = rig.write(workers(rig), "upper.yaml", docker=settings)
     done = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
     assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("fdl: the Docker daemon refused to look up image 'FDL-Upper:")
-    assert "must be lowercase" in last and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    refused = "  error    ctrl (controller, local): the Docker daemon refused to look up image"
+    said = [line for line in lines if line.startswith(refused)]  # preflight's, before any build
+    assert len(said) == 1 and "'FDL-Upper:" in said[0] and "must be lowercase" in said[0]
+    assert lines[-1] == "fdl: preflight found errors on ctrl; nothing was built"
+    assert "Traceback" not in done.stderr
 
 
 def test_docker_build_as_a_non_root_user_leaves_no_root_files(rig: RigCluster) -> None:
