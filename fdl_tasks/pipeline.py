@@ -34,7 +34,7 @@ from fdl_tasks.errors import FdlError
 from fdl_tasks.gpu_gate import with_chosen_archs
 from fdl_tasks.layout import LOCK_FILE
 from fdl_tasks.locks import project_lock
-from fdl_tasks.login_verdicts import check_verified, nothing_reached, preflight_error
+from fdl_tasks.login_verdicts import preflight_error
 from fdl_tasks.model import Worker
 from fdl_tasks.names import check_crate_dir
 from fdl_tasks.preflight import cross_cpu_archs, dry_run_lines, run_preflight
@@ -45,7 +45,12 @@ from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
 from fdl_tasks.timings import step
-from fdl_tasks.verification import Delivery, require_verification_possible, verify_hosts
+from fdl_tasks.verification import (
+    Delivery,
+    require_one_reached,
+    require_verification_possible,
+    verify_hosts,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -174,20 +179,31 @@ def prebuild(
         return None
     with Fleet(run.remotes, run.settings, run.report) as fleet:
         if probe:
-            verdicts = run_preflight(run, fleet, backend, abi=True, crate=crate)
-            report_preflight(run, verdicts, as_json=False, building=True)
-            require_one_reached(run, verdicts)
-            if auto:  # each chosen arch, exactly as if written in the cluster file
-                run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
-            cpu_archs = cross_cpu_archs(run, verdicts)
-            jobs = plan(run, backend, run.remotes, command, crate, cpu_archs)
-            if auto:  # preflight could not check the variants chosen from its answers
-                require_ready(run.root, backend, jobs)
+            run, jobs, verdicts = probe_and_plan(run, fleet, backend, command, crate)
         else:
             jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
             require_ready(run.root, backend, jobs)
         published = build_and_publish(run, fleet, backend, jobs, command, crate)
         return attrs.evolve(published, verdicts=tuple(verdicts))
+
+
+def probe_and_plan(
+    run: Run, fleet: Fleet, backend: Backend, command: str, crate: str
+) -> tuple[Run, list[BuildJob], list[Verdict]]:
+    """Preflight of the run's remote hosts, then the builds planned from what it found:
+    the CPU architectures it read, each ``arch: auto`` host's choice (the run returned
+    carries it, exactly as if written in the cluster file), checked on the controller
+    then, since preflight could not know it."""
+    verdicts = run_preflight(run, fleet, backend, abi=True, crate=crate)
+    report_preflight(run, verdicts, as_json=False, building=True)
+    require_one_reached(run, verdicts)
+    auto = any(w.arch == AUTO for w in run.remotes)
+    if auto:
+        run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
+    jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, verdicts))
+    if auto:
+        require_ready(run.root, backend, jobs)
+    return run, jobs, verdicts
 
 
 def build_and_publish(
@@ -259,27 +275,24 @@ def merge_base(run: Run, command: str, keep: set[str]) -> dict[str, PerHostEnvel
     return {host: entry for host, entry in (published or {}).items() if host in keep}
 
 
-def require_one_reached(run: Run, verdicts: Sequence[Verdict]) -> None:
-    """No remote host answered preflight: verification could reach none, so build nothing
-    (unless ``fdl.require_verified`` is none, or verification is off)."""
-    remotes = [w.host for w in run.remotes]
-    if run.settings.verify and nothing_reached(verdicts, remotes):
-        failed = {v.host: v.warnings[0] if v.warnings else "" for v in verdicts if v.failure}
-        check_verified(0, failed, run.settings.require_verified, published=False)
-
-
 def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published | None:
     """``build-host``: one host's build, verified; its entry replaces its old one in the
-    command's envelope (the other current hosts' entries still match their binaries)."""
+    command's envelope (the other current hosts' entries still match their binaries).
+
+    That host alone is probed first, with the controller's checks beside it, as
+    prebuild probes every host: its CPU architecture when ``cpu_arch`` does not pin
+    it, its paths, its GPUs against the variant."""
     skip_final_collection()
     require_verification_possible(run)
-    cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}
     backend = run_backend(run)
-    jobs = plan(run, backend, [worker], command, crate, cpu_archs)
-    jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
+    alone = attrs.evolve(run, cluster=run.cluster.keeping({worker.host, run.controller}))
     if run.dry:
-        run_builds(run, backend, jobs)
+        jobs = plan(alone, backend, [worker], command, crate, cross_cpu_archs(alone))
+        run_builds(run, backend, [attrs.evolve(job, name=worker.host) for job in jobs])
         return None
-    require_ready(run.root, backend, jobs)
     with Fleet([worker], run.settings, run.report) as fleet:
+        alone, jobs, _ = probe_and_plan(alone, fleet, backend, command, crate)
+        # Its entry as probed (an ``arch: auto`` chosen), the others' as they are.
+        run = attrs.evolve(run, cluster=run.cluster.replacing(alone.cluster.worker(worker.host)))
+        jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
         return build_and_publish(run, fleet, backend, jobs, command, crate)

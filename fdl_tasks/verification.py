@@ -4,7 +4,7 @@ what a run's verification comes to (:mod:`fdl_tasks.login_verdicts`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,9 +20,10 @@ from fdl_tasks.binary_check import (
 )
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
-from fdl_tasks.login_verdicts import check_verified, is_error, login_error
+from fdl_tasks.login_verdicts import check_verified, is_error, login_error, nothing_reached
 from fdl_tasks.names import join_path
 from fdl_tasks.outcomes import Failure
+from fdl_tasks.probe import Verdict
 from fdl_tasks.remote import Fleet
 from fdl_tasks.run import Run
 from fdl_tasks.settings import Settings
@@ -140,6 +141,15 @@ def require_verification_possible(run: Run) -> None:
             "fdl.require_verified (--require-verified) needs verification, but it is off "
             "(--no-verify or fdl.verify false): choose one"
         )
+
+
+def require_one_reached(run: Run, verdicts: Sequence[Verdict]) -> None:
+    """No remote host answered preflight: verification could reach none, so build nothing
+    (unless ``fdl.require_verified`` is none, or verification is off)."""
+    remotes = [w.host for w in run.remotes]
+    if run.settings.verify and nothing_reached(verdicts, remotes):
+        failed = {v.host: v.warnings[0] if v.warnings else "" for v in verdicts if v.failure}
+        check_verified(0, failed, run.settings.require_verified, published=False)
 
 
 def _read_binaries(

@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from rig.harness import RigCluster, prebuild_args, start_rig
+from rig.harness import RigCluster, Running, prebuild_args, start_rig
 from rig.sshrig import HostSpec
+from tests.rig.test_watch import set_rev, wait_cycle
 
 pytestmark = pytest.mark.rig
 
@@ -32,6 +33,8 @@ WEB, ECHO = ("127.0.6.3", 2222), ("127.0.6.4", 2222)
 VARIANT = "precompiled/cpu"
 #: Builds here are native cargo; no sccache server outlives a test.
 NATIVE = {"INVOKE_FDL_COMPILE_CACHE": "0"}
+#: Seconds a watch cycle may take (one native build on a shared machine).
+CYCLE_BUDGET = 240
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -238,12 +241,11 @@ def test_no_verify_says_the_envelope_is_unverified(rig: RigCluster) -> None:
     assert "published unverified" not in done.stderr
 
 
-def test_a_refused_login_at_verification_publishes_nothing(rig: RigCluster) -> None:
-    """build-host has no preflight: the refusal comes at verification, still exit 4."""
+def test_build_host_finds_a_refused_login_before_building(rig: RigCluster) -> None:
+    """build-host probes its host first, as prebuild does: a refused key is preflight's
+    error there (exit 4), and nothing is built."""
     key = other_key(rig)
-    path = rig.write([worker(rig, "good", identity_file=str(key))], "verify-key.yaml")
-    envelope = rig.project / "target/cluster/_envelopes/ddp-bench.json"
-    envelope.unlink(missing_ok=True)
+    path = rig.write([worker(rig, "good", identity_file=str(key))], "build-host-key.yaml")
     done = rig.inv(
         "build-host",
         "--host",
@@ -255,8 +257,31 @@ def test_a_refused_login_at_verification_publishes_nothing(rig: RigCluster) -> N
         env=NATIVE,
     )
     assert done.returncode == 4, done.stderr
-    assert "fdl: delivery verification could not log in to 1 host(s); no envelope was " in (
-        done.stderr
+    assert "error    good: authentication refused at 127.0.6.1:2222 for user root" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "fdl: preflight found errors on good; nothing was built"
     )
-    assert "  good: authentication refused at 127.0.6.1:2222 for user root" in done.stderr
+    assert "started" not in done.stderr
+
+
+def test_a_refused_login_at_verification_publishes_nothing(rig: RigCluster) -> None:
+    """A watch cycle after the first runs no preflight: a login refused at its
+    verification (the host stopped accepting the key since the first cycle) fails the
+    cycle with the login's words, and nothing is published."""
+    path = rig.write([worker(rig, "good")], "verify-key.yaml")
+    envelope = rig.project / "target/cluster/_envelopes/ddp-bench.json"
+    accepted = rig.rig.authorized_keys
+    saved = accepted.read_bytes()
+    run = rig.background(*prebuild_args(path, "--watch"), env=NATIVE)
+    try:
+        assert wait_cycle(run, 1, CYCLE_BUDGET)[0] == "ok", run.stderr
+        accepted.write_text("")  # sshd reads it at each login: no key is accepted now
+        set_rev(rig, "refused")
+        assert wait_cycle(run, 2, CYCLE_BUDGET)[0] == "FAILED", run.stderr
+    finally:
+        accepted.write_bytes(saved)
+        Running.stop_all()
+    assert "delivery verification could not log in to 1 host(s); no envelope was " in run.stderr
+    assert "good: authentication refused at 127.0.6.1:2222 for user root" in run.stderr
     assert not envelope.exists()
+    set_rev(rig, "0")
