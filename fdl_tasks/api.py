@@ -4,7 +4,8 @@
 run, minus the command line: options as keyword arguments (any ``fdl``
 setting, as :class:`~fdl_tasks.settings.Settings` names it), an
 :class:`~fdl_tasks.errors.FdlError` when something is wrong (the tasks turn it
-into a message and exit 1), and a value back.
+into a message and exit 1; 4 for ``LoginRefused``, 5 for ``NothingVerified``), and
+a value back.
 """
 
 from __future__ import annotations

@@ -68,16 +68,10 @@ def _one_cpu_per_arch(specs: Mapping[str, BuildEnvironment]) -> None:
             )
 
 
-def plan_builds(
-    workers: Iterable[Worker],
-    backend: Backend,
-    command: str,
-    crate_dir: str,
-    shared: bool,
-    *,
-    cpu_archs: Mapping[str, str] | None = None,
-) -> list[BuildJob]:
-    """One job per distinct build environment when ``shared``, else one per host.
+def plan_environments(
+    workers: Iterable[Worker], backend: Backend, cpu_archs: Mapping[str, str] | None = None
+) -> dict[str, BuildEnvironment]:
+    """Each worker's build environment, by host: what the builds need, before any command.
 
     ``cpu_archs`` names the hosts whose CPU architecture is not the
     controller's; each needs its ``controller.cross`` setup.
@@ -99,6 +93,21 @@ def plan_builds(
             raise FdlError(environment.reason)
         environments[worker.host] = environment
     _one_cpu_per_arch(environments)
+    return environments
+
+
+def plan_builds(
+    workers: Iterable[Worker],
+    backend: Backend,
+    command: str,
+    crate_dir: str,
+    shared: bool,
+    *,
+    cpu_archs: Mapping[str, str] | None = None,
+) -> list[BuildJob]:
+    """One job per distinct build environment when ``shared``, else one per host
+    (``cpu_archs``: as :func:`plan_environments`)."""
+    environments = plan_environments(workers, backend, cpu_archs)
     builds = {host: Build(e, command, crate_dir) for host, e in environments.items()}
     if not shared:
         return [

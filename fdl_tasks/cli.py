@@ -5,7 +5,8 @@ prebuild --help`` is help); short flags are chosen, not automatic: one long
 option has the same short flag in every task (:data:`SHORT_FLAGS`), or none.
 A value Invoke cannot cast is a usage error, an :class:`FdlError` one
 paragraph and exit code 1, a stop by the user (Ctrl-C, SIGTERM) exit code 130, a
-failure or a stop that left a build container or process it could not remove exit code 3.
+failure or a stop that left a build container or process it could not remove exit code 3,
+a host's ssh login misconfigured exit code 4, no host verified exit code 5.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from invoke.tasks import Task, task
 from invoke.vendor import yaml as invoke_yaml
 
 from fdl_tasks.config_errors import merge_problem, value_at, yaml_problem
-from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
+from fdl_tasks.errors import (
+    FdlError,
+    LeftRunning,
+    LoginRefused,
+    NothingVerified,
+    Stopped,
+    StoppedLeftRunning,
+)
 from fdl_tasks.names import check_command
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -86,7 +94,8 @@ def off(flag: bool) -> bool | None:
 
 def user_errors(body: F) -> F:
     """Turn :class:`FdlError` into a clean message and exit 1, a stop into exit 130, and
-    either into exit 3 when it left a container or process it could not remove."""
+    either into exit 3 when it left a container or process it could not remove; a refused
+    login exits 4, no host verified 5."""
 
     @functools.wraps(body)
     def wrapper(c: Context, *args: Any, **kwargs: Any) -> Any:
@@ -94,6 +103,10 @@ def user_errors(body: F) -> F:
             return body(c, *args, **kwargs)
         except (LeftRunning, StoppedLeftRunning) as exc:
             raise Exit(f"fdl: {exc}", code=3) from None
+        except LoginRefused as exc:
+            raise Exit(f"fdl: {exc}", code=4) from None
+        except NothingVerified as exc:
+            raise Exit(f"fdl: {exc}", code=5) from None
         except FdlError as exc:
             raise Exit(f"fdl: {exc}", code=1) from None
         except Stopped as exc:

@@ -31,3 +31,15 @@ class StoppedLeftRunning(Stopped):
 
     Still a stop (a watch ends), but not a clean one: tasks exit with code 3, not 130.
     """
+
+
+class LoginRefused(FdlError):
+    """A host's ssh login is misconfigured: a key it refuses, an identity file that is not a
+    private key, a port where no SSH server answers. Tasks exit with code 4, not 1: this
+    is not the host being down (a warning), and the launch would fail there too.
+    """
+
+
+class NothingVerified(FdlError):
+    """Verification was asked for, there were hosts to ask, and not one could be asked
+    (every one down): nothing was published. Tasks exit with code 5."""

@@ -126,3 +126,23 @@ def unstrict_warning(hosts: Sequence[str]) -> str:
         "new host key is accepted unverified and remembered, but a changed one is "
         "still refused (it may be a man in the middle)"
     )
+
+
+def _key_type(name: str) -> str:
+    """``ssh-ed25519`` → ``ED25519``, ``ecdsa-sha2-nistp256`` → ``ECDSA``, as OpenSSH says them."""
+    return name.removeprefix("ssh-").split("-")[0].upper()
+
+
+def added_lines(added: Sequence[tuple[str, str, Path | None]]) -> list[str]:
+    """What accept-new remembered, one line per file: the names as known_hosts writes them
+    (``[host]:port``) and each key's type, as OpenSSH's "Permanently added" says. Not a
+    "warning:": a first contact is how a healthy cluster starts."""
+    by_file: dict[Path | None, list[str]] = {}
+    for name, keytype, path in added:
+        by_file.setdefault(path, []).append(f"'{name}' ({_key_type(keytype)})")
+    return [
+        f"permanently added {listed(names)} to the list of known hosts "
+        f"({path if path else 'in memory: no user known_hosts file'}; StrictHostKeyChecking "
+        "accept-new)"
+        for path, names in by_file.items()
+    ]

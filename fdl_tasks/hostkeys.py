@@ -34,6 +34,7 @@ import paramiko
 from fdl_tasks.hostkey_policy import (
     DEFAULT_STRICT,
     HostKeyRefused,
+    added_lines,
     changed_refusal,
     file_warnings,
     revoked_refusal,
@@ -177,11 +178,14 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
         strict: str = DEFAULT_STRICT,
         hashed: bool = False,
         said: str = "",
+        added: list[tuple[str, str, Path | None]] | None = None,
     ) -> None:
         self.view = view
         self.strict = strict
         self.hashed = hashed
         self.said = said or strict
+        #: Each key accepted and remembered: name, key type, file (``None``: memory).
+        self.added = [] if added is None else added
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
@@ -195,6 +199,7 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
         other = self.view.writable.record(hostname, key, self.hashed)
         if other is not None:  # another connection remembered another key meanwhile
             raise paramiko.BadHostKeyException(host, key, other)
+        self.added.append((hostname, key.get_name(), self.view.writable.path))
 
 
 def explain_refusal(
@@ -233,6 +238,7 @@ class SharedHostKeys:
         self._views: dict[tuple[tuple[str, ...], tuple[str, ...]], KnownHostsView] = {}
         self._policies: dict[HostKeyOptions, TrustOnFirstUse] = {}
         self._unstrict: list[str] = []  # hosts whose configuration says StrictHostKeyChecking no
+        self._added: list[tuple[str, str, Path | None]] = []  # keys accepted, not yet said
 
     def guard(
         self, label: str, client: paramiko.SSHClient, options: HostKeyOptions
@@ -252,6 +258,12 @@ class SharedHostKeys:
         unstrict_hosts = [unstrict_warning(self._unstrict)] if self._unstrict else []
         return skipped_warnings(self._known_hosts.values()) + unstrict_hosts
 
+    def take_added(self) -> list[str]:
+        """One line per file for the keys accepted since the last call (as OpenSSH's
+        "Permanently added"); those keys are then said."""
+        added, self._added[:] = list(self._added), []
+        return added_lines(added)
+
     def _view(self, options: HostKeyOptions) -> KnownHostsView:
         """The known_hosts files a host reads, each parsed once for the whole fan-out."""
         files = (options.user_files, options.global_files)
@@ -267,6 +279,6 @@ class SharedHostKeys:
     def _policy(self, options: HostKeyOptions, view: KnownHostsView) -> TrustOnFirstUse:
         if options not in self._policies:
             self._policies[options] = TrustOnFirstUse(
-                view, options.strict, options.hashed, options.said
+                view, options.strict, options.hashed, options.said, self._added
             )
         return self._policies[options]

@@ -9,7 +9,7 @@ loader after structuring.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Annotated, Any, Literal
 
 import attrs
@@ -205,6 +205,16 @@ class Cluster:
     delivery: DeliveryMode = "shared"
     #: The file it was read from, for messages; set by the loader, never read from the file.
     source: str = attrs.field(default="cluster.yaml", eq=False, metadata={NOT_IN_FILE: True})
+
+    def keeping(self, labels: Collection[str]) -> Cluster:
+        """The same cluster with only the workers called ``labels`` (``build-host``'s view:
+        its one host probed, as if the only one)."""
+        return attrs.evolve(self, workers=tuple(w for w in self.workers if w.host in labels))
+
+    def replacing(self, worker: Worker) -> Cluster:
+        """The same cluster with the worker of ``worker``'s label replaced by it."""
+        workers = tuple(worker if w.host == worker.host else w for w in self.workers)
+        return attrs.evolve(self, workers=workers)
 
     def worker(self, label: str) -> Worker:
         """The worker called ``label``; a clear error listing the known ones otherwise."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import atexit
 import gc
 import json
+import secrets
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -22,27 +22,35 @@ import fdl_tasks.envelope as envelope
 from fdl_tasks.atomic_files import remove_partials
 from fdl_tasks.auto_arch import AUTO
 from fdl_tasks.backends.protocol import Backend
+from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_environment import BuildJob
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.build_step import run_backend, run_builds
 from fdl_tasks.builder import JobResult
+from fdl_tasks.controller_check import require_ready, variant_problem
 from fdl_tasks.copying import copy_step
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpu_gate import with_chosen_archs
 from fdl_tasks.layout import LOCK_FILE
 from fdl_tasks.locks import project_lock
+from fdl_tasks.login_verdicts import preflight_error
 from fdl_tasks.model import Worker
 from fdl_tasks.names import check_crate_dir
-from fdl_tasks.preflight import dry_run_lines, local_build_environment, run_preflight
+from fdl_tasks.preflight import cross_cpu_archs, dry_run_lines, run_preflight
 from fdl_tasks.probe import Verdict
 from fdl_tasks.probe_report import report_lines
+from fdl_tasks.readiness import NOTHING_BUILT, crate_missing, root_missing
 from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
-from fdl_tasks.timings import round_trips, step
-from fdl_tasks.variants import libtorch_dir
-from fdl_tasks.verification import Delivery, verify_delivery
+from fdl_tasks.timings import step
+from fdl_tasks.verification import (
+    Delivery,
+    require_one_reached,
+    require_verification_possible,
+    verify_hosts,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -72,15 +80,21 @@ def skip_final_collection() -> None:
     atexit.register(gc.freeze)
 
 
-def report_preflight(run: Run, verdicts: Sequence[Verdict], as_json: bool) -> None:
-    """One line per host and a summary; an error on any host stops everything."""
+def report_preflight(
+    run: Run, verdicts: Sequence[Verdict], as_json: bool, *, building: bool = False
+) -> None:
+    """One line per host and a summary; an error on any host stops everything (before
+    any build, said when ``building``)."""
     for line, severity in report_lines(verdicts):
         run.report(line, severity)
     if as_json:
         print(json.dumps([v.to_json() for v in verdicts], indent=2))
-    failed = [v.host for v in verdicts if v.status == "error"]
+    failed = [v for v in verdicts if v.status == "error"]
     if failed:
-        raise FdlError(f"preflight found errors on {', '.join(failed)}; nothing was built")
+        then = f"; {NOTHING_BUILT}" if building else ""
+        raise preflight_error(failed)(
+            f"preflight found errors on {', '.join(v.host for v in failed)}{then}"
+        )
 
 
 def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
@@ -92,8 +106,9 @@ def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
         for line in dry_run_lines(run, abi=abi):
             run.report(line)
         return []
+    backend = backend_for(run.cluster, secrets.token_hex(4), None)  # checks only: no cache
     with Fleet(run.remotes, run.settings, run.report) as fleet:
-        verdicts = run_preflight(run, fleet, abi=abi)
+        verdicts = run_preflight(run, fleet, backend, abi=abi)
     report_preflight(run, verdicts, as_json)
     return verdicts
 
@@ -101,24 +116,16 @@ def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
 def resolve_crate_dir(run: Run, option: str | None, command: str) -> str:
     """Option, else setting, else ``<root>/<command>`` when it is a crate, else the root."""
     chosen = option if option is not None else run.settings.crate_dir
+    source = run.cluster.source
+    if not run.root.is_dir():
+        raise FdlError(root_missing(str(run.root), source))
     if chosen:
         relative = check_crate_dir(chosen)
     else:
         relative = command if (run.root / command / "Cargo.toml").is_file() else ""
     if not (run.root / relative / "Cargo.toml").is_file():
-        raise FdlError(
-            f"no Cargo.toml in {run.root / relative}: pass --crate-dir relative to controller.path"
-        )
+        raise FdlError(crate_missing(str(run.root / relative), chosen, source))
     return relative
-
-
-def cross_cpu_archs(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str]:
-    """Hosts whose CPU architecture (``cpu_arch``, else preflight's ``uname -m``) is not
-    the controller's: they get cross builds."""
-    native = local_build_environment().cpu_arch
-    seen = {v.host: v.facts.cpu_arch for v in verdicts if v.facts and v.facts.cpu_arch}
-    cpu_archs = {w.host: w.cpu_arch or seen.get(w.host) for w in run.remotes}
-    return {host: cpu for host, cpu in cpu_archs.items() if cpu and cpu != native}
 
 
 def plan(
@@ -138,16 +145,9 @@ def plan(
         )
     shared = run.settings.shared_builds
     jobs = plan_builds(workers, backend, command, crate, shared, cpu_archs=cpu_archs)
-    libs = {job.build.arch: f"{libtorch_dir(str(run.root), job.build.arch)}/lib" for job in jobs}
-    absent = [
-        (job, libs[job.build.arch]) for job in jobs if not Path(libs[job.build.arch]).is_dir()
-    ]
-    missing = sorted({f"{h} (arch {j.build.arch}): {lib}" for j, lib in absent for h in j.hosts})
+    missing = variant_problem(run.root, {h: j.build.environment for j in jobs for h in j.hosts})
     if missing:
-        raise FdlError(
-            "libtorch variant(s) not found on the controller (a typo in 'arch'?); nothing was "
-            "built: " + "; ".join(missing)
-        )
+        raise FdlError(f"{missing}\n{NOTHING_BUILT}")
     return jobs
 
 
@@ -156,43 +156,54 @@ def prebuild(
 ) -> Published | None:
     """The whole pipeline; what it published (``None`` under --dry).
 
-    Builds are planned from the CPU architectures pinned or in ``known`` (an earlier
-    preflight's verdicts) so that the tool checks overlap the ssh probe, and planned
-    again if preflight found others. ``probe=False`` (a watch cycle) plans from ``known``
-    alone, unless a host's arch is ``auto`` (chosen from the probe: such a run always
-    probes); verification still runs.
+    Preflight checks the controller (the variants, the build tool, its images)
+    beside the ssh probe; the builds are planned from what it found.
+    ``probe=False`` (a watch cycle) skips preflight and plans from ``known``, an earlier
+    preflight's verdicts (a host's probed CPU architecture above all), unless a host's
+    arch is ``auto``: its choice is made from the probe, so such a run always probes;
+    verification still runs, and the controller's checks too
+    (:func:`~fdl_tasks.controller_check.require_ready`).
     """
     skip_final_collection()
-    run.settings.require_verification_possible()
+    require_verification_possible(run)
     verdicts: Sequence[Verdict] = known
-    pinned = cross_cpu_archs(run, known)
     auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
-    probe = probe or auto
+    probe = (probe or auto) and not run.dry
     backend = run_backend(run)
-    jobs = [] if auto else plan(run, backend, run.remotes, command, crate, pinned)
     run.note_unlisted_controller()
     if run.dry:
+        jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
         for line in dry_run_lines(run, abi=True):
             run.report(line)
         run_builds(run, backend, jobs)
         return None
     with Fleet(run.remotes, run.settings, run.report) as fleet:
         if probe:
-            with ThreadPoolExecutor(1) as side:
-                checked = side.submit(backend.check, jobs)  # overlaps the ssh probe
-                verdicts = run_preflight(run, fleet, abi=True)
-                report_preflight(run, verdicts, as_json=False)
-                checked.result()
-            if auto:  # each chosen arch, exactly as if written in the cluster file
-                run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
-            cpu_archs = cross_cpu_archs(run, verdicts)
-            if auto or cpu_archs != pinned:
-                jobs = plan(run, backend, run.remotes, command, crate, cpu_archs)
-                backend.check(jobs)
+            run, jobs, verdicts = probe_and_plan(run, fleet, backend, command, crate)
         else:
-            backend.check(jobs)
+            jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
+            require_ready(run.root, backend, jobs)
         published = build_and_publish(run, fleet, backend, jobs, command, crate)
         return attrs.evolve(published, verdicts=tuple(verdicts))
+
+
+def probe_and_plan(
+    run: Run, fleet: Fleet, backend: Backend, command: str, crate: str
+) -> tuple[Run, list[BuildJob], list[Verdict]]:
+    """Preflight of the run's remote hosts, then the builds planned from what it found:
+    the CPU architectures it read, each ``arch: auto`` host's choice (the run returned
+    carries it, exactly as if written in the cluster file), checked on the controller
+    then, since preflight could not know it."""
+    verdicts = run_preflight(run, fleet, backend, abi=True, crate=crate)
+    report_preflight(run, verdicts, as_json=False, building=True)
+    require_one_reached(run, verdicts)
+    auto = any(w.arch == AUTO for w in run.remotes)
+    if auto:
+        run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
+    jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, verdicts))
+    if auto:
+        require_ready(run.root, backend, jobs)
+    return run, jobs, verdicts
 
 
 def build_and_publish(
@@ -232,6 +243,11 @@ def build_and_publish(
         with step(run, "publish", command):
             text = envelope.publish(run.root, command, merged)
     run.say(f"envelope of {command} for {len(merged)} host(s) written to {path}")
+    if not run.settings.verify:
+        run.say(
+            f"envelope of {command} published unverified (--no-verify or fdl.verify false): "
+            "no host was asked whether it sees its binary and can load it"
+        )
     return Published(
         command=command,
         entries=merged,
@@ -259,40 +275,24 @@ def merge_base(run: Run, command: str, keep: set[str]) -> dict[str, PerHostEnvel
     return {host: entry for host, entry in (published or {}).items() if host in keep}
 
 
-def verify_hosts(
-    run: Run, fleet: Fleet, envelopes: dict[str, PerHostEnvelope], built: dict[str, Path]
-) -> Delivery:
-    """Every reachable host must run its binary; an unreachable one is a warning unless
-    ``fdl.require_verified``."""
-    with round_trips(run, fleet, "verify"):
-        delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
-    if delivery.problems:
-        raise FdlError(
-            "delivery verification failed; no envelope was published.\n"
-            + "\n".join(f"  {p}" for p in delivery.problems)
-        )
-    run.report(f"verify: {delivery.summary()}")
-    if delivery.unverified and run.settings.require_verified:
-        raise FdlError(
-            f"{len(delivery.unverified)} host(s) not verified and fdl.require_verified is on; "
-            "no envelope was published: "
-            + "; ".join(f"{h} ({why})" for h, why in sorted(delivery.unverified.items()))
-        )
-    return delivery
-
-
 def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published | None:
     """``build-host``: one host's build, verified; its entry replaces its old one in the
-    command's envelope (the other current hosts' entries still match their binaries)."""
+    command's envelope (the other current hosts' entries still match their binaries).
+
+    That host alone is probed first, with the controller's checks beside it, as
+    prebuild probes every host: its CPU architecture when ``cpu_arch`` does not pin
+    it, its paths, its GPUs against the variant."""
     skip_final_collection()
-    run.settings.require_verification_possible()
-    cpu_archs = {k: v for k, v in cross_cpu_archs(run).items() if k == worker.host}
+    require_verification_possible(run)
     backend = run_backend(run)
-    jobs = plan(run, backend, [worker], command, crate, cpu_archs)
-    jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
+    alone = attrs.evolve(run, cluster=run.cluster.keeping({worker.host, run.controller}))
     if run.dry:
-        run_builds(run, backend, jobs)
+        jobs = plan(alone, backend, [worker], command, crate, cross_cpu_archs(alone))
+        run_builds(run, backend, [attrs.evolve(job, name=worker.host) for job in jobs])
         return None
-    backend.check(jobs)
     with Fleet([worker], run.settings, run.report) as fleet:
+        alone, jobs, _ = probe_and_plan(alone, fleet, backend, command, crate)
+        # Its entry as probed (an ``arch: auto`` chosen), the others' as they are.
+        run = attrs.evolve(run, cluster=run.cluster.replacing(alone.cluster.worker(worker.host)))
+        jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
         return build_and_publish(run, fleet, backend, jobs, command, crate)

@@ -6,17 +6,22 @@ import os
 import platform
 import shlex
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import attrs
+
+from fdl_tasks.backends.protocol import Backend
+from fdl_tasks.controller_check import controller_problems
 from fdl_tasks.gpu_gate import gate
+from fdl_tasks.login_verdicts import failed_verdict
 from fdl_tasks.model import Cluster, Controller, Worker
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.probe import (
     BuildEnvironment,
     ProbeRequest,
     Verdict,
-    host_key_refused,
     judge,
     parse_facts,
     unreachable,
@@ -46,8 +51,11 @@ def controller_entry(cluster: Cluster, label: str) -> Worker | Controller:
 
 
 def probe_controller(cluster: Cluster, label: str, settings: Settings) -> Verdict:
-    """The controller is the build host: only its data path needs checking, locally."""
-    request = ProbeRequest.for_host(controller_entry(cluster, label), abi=False)
+    """The controller is the build host: only its data path needs asking, locally (its
+    other checks are :func:`fdl_tasks.controller_check.controller_problems`)."""
+    request = attrs.evolve(
+        ProbeRequest.for_host(controller_entry(cluster, label), False), paths=None
+    )
     try:
         done = subprocess.run(
             ["sh", "-c", request.script()],
@@ -69,12 +77,16 @@ def probe_remotes(
     abi: bool,
     cross: Iterable[str],
     root: Path | None = None,
+    crate: str | None = None,
+    source: str = "cluster.yaml",
 ) -> list[Verdict]:
-    """One round trip per remote host, all in parallel; unreachable is a warning.
+    """One round trip per remote host, all in parallel; unreachable is a warning, a
+    misconfigured login an error (:mod:`fdl_tasks.login_verdicts`).
 
     ``root``: the controller's project root, whose variants' ``.arch`` files the
-    GPU gate reads (:mod:`fdl_tasks.gpu_gate`)."""
-    requests = {w.host: ProbeRequest.for_host(w, abi) for w in workers}
+    GPU gate reads (:mod:`fdl_tasks.gpu_gate`). ``crate``: the command's crate dir,
+    when known, whose directory each shared host must see."""
+    requests = {w.host: ProbeRequest.for_host(w, abi, crate, source) for w in workers}
     outcomes = fleet.run({h: r.script() for h, r in requests.items()}, settings.probe_timeout)
     build = local_build_environment(cross)
     pins = {w.host: w.cpu_arch for w in workers}
@@ -83,9 +95,7 @@ def probe_remotes(
     for host, request in requests.items():
         outcome = outcomes[host]
         if isinstance(outcome, Failure):
-            verdict = (host_key_refused if outcome.host_key_refused else unreachable)(
-                host, request, outcome.reason
-            )
+            verdict = failed_verdict(host, request.data_path, outcome, settings.ssh_login_errors)
         elif outcome.exited != 0:
             verdict = unreachable(
                 host, request, f"the probe exited {outcome.exited}: {outcome.stderr.strip()[-200:]}"
@@ -102,28 +112,64 @@ def probe_remotes(
 def dry_run_lines(run: Run, *, abi: bool) -> list[str]:
     """What preflight would run, for ``inv --dry``: one line per host."""
 
-    def one_line(host: Worker | Controller) -> str:
-        return shlex.quote(ProbeRequest.for_host(host, abi).script().replace("\n", "; "))
+    def one_line(request: ProbeRequest) -> str:
+        return shlex.quote(request.script().replace("\n", "; "))
 
-    entry = controller_entry(run.cluster, run.controller)
-    lines = [f"[{run.controller}] (local) sh -c {one_line(entry)}"]
+    entry = ProbeRequest.for_host(controller_entry(run.cluster, run.controller), abi)
+    lines = [f"[{run.controller}] (local) sh -c {one_line(attrs.evolve(entry, paths=None))}"]
     for worker in run.remotes:
         port = worker.ssh.port or 22
         user = f"{worker.ssh.user}@" if worker.ssh.user else ""
-        lines.append(f"[{worker.host}] ssh {user}{worker.ssh_target}:{port} {one_line(worker)}")
+        request = ProbeRequest.for_host(worker, abi, source=run.cluster.source)
+        lines.append(f"[{worker.host}] ssh {user}{worker.ssh_target}:{port} {one_line(request)}")
     return lines
 
 
-def run_preflight(run: Run, fleet: Fleet, *, abi: bool) -> list[Verdict]:
-    """Every host's verdict: the controller first, then remotes in cluster.yaml order."""
-    remotes = run.remotes
+def cross_cpu_archs(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str]:
+    """Hosts whose CPU architecture (``cpu_arch``, else preflight's ``uname -m``) is not
+    the controller's: they get cross builds."""
+    native = local_build_environment().cpu_arch
+    seen = {v.host: v.facts.cpu_arch for v in verdicts if v.facts and v.facts.cpu_arch}
+    cpu_archs = {w.host: w.cpu_arch or seen.get(w.host) for w in run.remotes}
+    return {host: cpu for host, cpu in cpu_archs.items() if cpu and cpu != native}
+
+
+def run_preflight(
+    run: Run, fleet: Fleet, backend: Backend, *, abi: bool, crate: str | None = None
+) -> list[Verdict]:
+    """Every host's verdict: the controller first, then remotes in cluster.yaml order.
+
+    The controller's checks (``controller.path``; with ``abi``, what the builds need:
+    variants, the build tool, images, a cross target's ``std``) overlap the ssh
+    probe and end up as errors of the controller's verdict. They assume the pinned
+    CPU architectures; a host whose probe says otherwise has them asked again.
+    """
+    remotes, source = run.remotes, run.cluster.source
     run.report(
         f"preflight: probing {len(remotes)} remote host(s)"
         + (" with the ABI gate" if abi else "")
         + " and the controller locally"
     )
-    with step(run, "preflight", run.controller):
-        local = probe_controller(run.cluster, run.controller, run.settings)
-    with round_trips(run, fleet, "preflight"):
-        cross = run.cluster.controller.cross
-        return [local, *probe_remotes(fleet, remotes, run.settings, abi, cross, run.root)]
+    builds = remotes if abi else ()
+    cross = run.cluster.controller.cross
+    pinned = {h: c for h, c in cross_cpu_archs(run).items() if c in cross}
+    with ThreadPoolExecutor(1) as side:
+        checked = side.submit(controller_problems, run.root, source, backend, builds, pinned)
+        with step(run, "preflight", run.controller):
+            local = probe_controller(run.cluster, run.controller, run.settings)
+        with round_trips(run, fleet, "preflight"):
+            verdicts = probe_remotes(
+                fleet, remotes, run.settings, abi, cross, run.root, crate, source
+            )
+        problems = checked.result()
+    probed = {h: c for h, c in cross_cpu_archs(run, verdicts).items() if c in cross}
+    if abi and probed != pinned:
+        problems = controller_problems(run.root, source, backend, builds, probed)
+    return [with_errors(local, problems), *verdicts]
+
+
+def with_errors(verdict: Verdict, errors: Sequence[str]) -> Verdict:
+    """The verdict with these errors added (its status then "error")."""
+    if not errors:
+        return verdict
+    return attrs.evolve(verdict, status="error", errors=(*verdict.errors, *errors))

@@ -16,8 +16,8 @@ import attrs
 
 from fdl_tasks.gpu_probe import GPU_FACT_LINES, gpu_report
 from fdl_tasks.gpus import GpuReport
+from fdl_tasks.host_paths import KEYS, HostPaths
 from fdl_tasks.model import DEFAULT_DATA_PATH, Controller, Worker
-from fdl_tasks.variants import libtorch_dir
 
 Status = Literal["ok", "warning", "error"]
 DataState = Literal["ok", "missing", "unreadable"]
@@ -45,14 +45,17 @@ class ProbeRequest:
     data_path: str
     data_declared: bool
     abi: bool
-    libtorch: str = ""  # a copy host's own variant, ``<path>/libtorch/<arch>/lib``
+    #: A remote host's own directories (``None``: the controller, checked apart).
+    paths: HostPaths | None = None
 
     @classmethod
-    def for_host(cls, host: Worker | Controller, abi: bool) -> ProbeRequest:
+    def for_host(
+        cls, host: Worker | Controller, abi: bool, crate: str | None = None, source: str = ""
+    ) -> ProbeRequest:
+        """``crate``: the command's crate dir, once known; ``source``: the cluster file."""
         declared = host.data_path is not None
-        own = host.arch if isinstance(host, Worker) and host.delivery == "copy" else None
-        libtorch = f"{libtorch_dir(host.path, own)}/lib" if own else ""
-        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, libtorch)
+        paths = HostPaths.for_worker(host, crate, source) if isinstance(host, Worker) else None
+        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, paths)
 
     def script(self) -> str:
         """POSIX sh that always exits 0 and prints every fact between the markers."""
@@ -62,9 +65,8 @@ class ProbeRequest:
             f"if [ -d {path} ]; then if [ -r {path} ] && [ -x {path} ]; then echo data=ok; "
             "else echo data=unreadable; fi; else echo data=missing; fi",
         ]
-        if self.libtorch:
-            lib = shlex.quote(self.libtorch)
-            lines.append(f"if [ -d {lib} ]; then echo libtorch=ok; else echo libtorch=missing; fi")
+        if self.paths is not None:
+            lines += self.paths.lines()
         if self.abi:
             lines += [
                 *HOST_FACT_LINES,
@@ -84,7 +86,8 @@ class ProbeFacts:
     libc: str | None = None
     pkill: bool | None = None
     gpus: GpuReport | None = None
-    libtorch: bool | None = None
+    #: Which of the host's own directories (:data:`fdl_tasks.host_paths.KEYS`) are missing.
+    missing: frozenset[str] = frozenset()
 
     @property
     def musl(self) -> bool:
@@ -126,14 +129,14 @@ def parse_facts(stdout: str) -> ProbeFacts | None:
     answers = marked_answers(stdout)
     if answers is None:
         return None
-    data, pkill, libtorch = answers.get("data"), answers.get("pkill"), answers.get("libtorch")
+    data, pkill = answers.get("data"), answers.get("pkill")
     return ProbeFacts(
         data=data if data in ("ok", "missing", "unreadable") else None,  # type: ignore[arg-type]
         cpu_arch=answers.get("cpu_arch") or None,
         libc=answers.get("libc") or None,
         pkill=None if pkill is None else pkill == "yes",
         gpus=gpu_report(answers),
-        libtorch=None if libtorch is None else libtorch == "ok",
+        missing=frozenset(key for key in KEYS if answers.get(key) == "missing"),
     )
 
 
@@ -166,6 +169,8 @@ class Verdict:
     coverage: dict[str, object] | None = None
     #: The arch ``arch: auto`` chose for the host.
     arch: str | None = None
+    #: Why the host could not be asked: an ssh failure's kind (``outcomes.Kind``'s value).
+    failure: str | None = None
 
     def to_json(self) -> dict[str, object]:
         facts = self.facts
@@ -185,6 +190,7 @@ class Verdict:
             "coverage": self.coverage,
             "arch": self.arch,
             "notes": list(self.notes),
+            "failure": self.failure,
         }
 
 
@@ -214,11 +220,8 @@ def judge(
         notes.append(default_data_note(path))
     elif facts.data == "unreadable":
         errors.append(f"data_path {path} exists but is not readable by the login user")
-    if request.libtorch and facts is not None and facts.libtorch is False:
-        errors.append(
-            f"libtorch variant not found at {request.libtorch}: a copy host needs its own "
-            f"(inv push-libtorch --host {host} puts it there)"
-        )
+    if request.paths is not None and facts is not None:
+        errors += request.paths.errors(host, facts.missing)
     if request.abi and facts is not None:
         _abi_gate(facts, build, pinned, errors, warnings)
     status: Status = "error" if errors else "warning" if warnings else "ok"
@@ -267,9 +270,3 @@ def _abi_gate(
 def unreachable(host: str, request: ProbeRequest, reason: str) -> Verdict:
     """A probe never makes things worse than no probe: unreachable is a warning."""
     return Verdict(host, "warning", (), (f"unreachable: {reason}",), None, request.data_path)
-
-
-def host_key_refused(host: str, request: ProbeRequest, reason: str) -> Verdict:
-    """A refused host key (changed: maybe a man in the middle; revoked; unknown under
-    StrictHostKeyChecking yes): always an error, never "unreachable"."""
-    return Verdict(host, "error", (reason,), (), None, request.data_path)

@@ -9,7 +9,6 @@ Fabric applies them as OpenSSH would (first value wins). Host keys, each host's
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -24,26 +23,13 @@ from fabric.runners import Remote
 from fdl_tasks.console import TextSink
 from fdl_tasks.errors import FdlError
 from fdl_tasks.hostkeys import KnownHostsView, SharedHostKeys, explain_refusal
+from fdl_tasks.login_facts import Identity, greet, load_identity, login_of, quiet_paramiko
 from fdl_tasks.model import Worker
-from fdl_tasks.outcomes import Failure, Outcome, Reply, describe_failure
+from fdl_tasks.outcomes import Failure, Outcome, Reply
 from fdl_tasks.reporting import Report, Severity
 from fdl_tasks.settings import Settings
+from fdl_tasks.ssh_failures import describe_failure, key_file_failure, wants_greeting
 from fdl_tasks.sshconfig import host_key_options, read_config, ssh_config_block
-
-
-class _NoHandshakeTracebacks(logging.Filter):
-    """Drops paramiko's transport warnings and errors (a failed handshake's traceback)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < logging.WARNING
-
-
-def quiet_paramiko() -> None:
-    """The Fleet reports a failed handshake as one line: the filter, once per process on
-    ``paramiko.transport``; the host application's ``paramiko`` logger left as it is."""
-    logger = logging.getLogger("paramiko.transport")
-    if not any(isinstance(f, _NoHandshakeTracebacks) for f in logger.filters):
-        logger.addFilter(_NoHandshakeTracebacks())
 
 
 class FleetRemote(Remote):  # type: ignore[misc]
@@ -61,14 +47,6 @@ class FleetRemote(Remote):  # type: ignore[misc]
     def wait(self) -> None:
         while not (self.process_is_finished or self.has_dead_threads):
             self.channel.status_event.wait(self.input_sleep)
-
-
-def _load_identity(path: str) -> paramiko.PKey | None:
-    """The identity as a key object, loaded once per fan-out; ``None`` if it needs a passphrase."""
-    try:
-        return paramiko.PKey.from_path(path)
-    except (paramiko.PasswordRequiredException, paramiko.SSHException, ValueError):
-        return None  # paramiko then loads it itself for each connection, as before
 
 
 class _Hop(NamedTuple):
@@ -96,6 +74,7 @@ class Fleet:
     def __init__(self, workers: Iterable[Worker], settings: Settings, report: Report) -> None:
         quiet_paramiko()
         self.settings = settings
+        self.report = report
         self.workers: dict[str, Worker] = {w.host: w for w in workers}
         self.failed: dict[str, Failure] = {}
         #: Every round trip so far: host, start, end (monotonic), whether it ran (``--timings``).
@@ -107,7 +86,8 @@ class Fleet:
         self._hops: dict[str, list[_Hop]] = {}
         self._budgets: dict[str, float] = {}
         self._configs: dict[str, fabric.Config] = {}
-        self._identities: dict[str, paramiko.PKey | None] = {}
+        self._identities: dict[str, Identity] = {}
+        self._unusable: dict[str, Identity] = {}  # hosts whose identity is no private key
         self.connections: dict[str, fabric.Connection] = {
             label: self._connect(w, report) for label, w in self.workers.items()
         }
@@ -127,12 +107,13 @@ class Fleet:
         if not worker.ssh.identity_file:
             return {}
         identity = os.path.expanduser(worker.ssh.identity_file)
-        if not os.path.isfile(identity):
-            raise FdlError(f"{worker.host}: ssh.identity_file {identity} does not exist")
         if identity not in self._identities:
-            self._identities[identity] = _load_identity(identity)
-        pkey = self._identities[identity]
-        return {} if pkey is None else {"pkey": pkey, "look_for_keys": False, "allow_agent": False}
+            self._identities[identity] = load_identity(identity)
+        loaded = self._identities[identity]
+        if loaded.unusable:
+            self._unusable[worker.host] = loaded
+        only = {"look_for_keys": False, "allow_agent": False}
+        return {} if loaded.pkey is None else {"pkey": loaded.pkey, **only}
 
     def _connect(self, worker: Worker, report: Report) -> fabric.Connection:
         block, ignored = ssh_config_block(worker)
@@ -203,7 +184,14 @@ class Fleet:
                 (hops or self._hops[label])[0],
             )
             exc = explain_refusal(exc, hop.name, hop.view, hop.what)
-        return describe_failure(exc, self.workers[label], self._budgets[label])
+        connection, budget = self.connections[label], self._budgets[label]
+        direct = connection.gateway is None
+        answer = (
+            greet(connection.host, connection.port, budget)
+            if direct and wants_greeting(exc)
+            else ""
+        )
+        return describe_failure(exc, login_of(connection, answer=answer), budget)
 
     def open(self, labels: Iterable[str]) -> dict[str, Failure]:
         """Handshake with these hosts, ``ssh_window`` at a time; the ones that failed.
@@ -214,6 +202,10 @@ class Fleet:
         todo = [x for x in wanted if x not in self.failed and not self.connections[x].is_connected]
 
         def attempt(label: str) -> None:
+            if label in self._unusable:  # never offered: said as what it is
+                login = login_of(self.connections[label])
+                self.failed[label] = key_file_failure(login, self._unusable[label].why)
+                return
             try:
                 self.connections[label].open()
             except Exception as exc:  # any handshake failure is that host's failure
@@ -224,6 +216,8 @@ class Fleet:
             window = self.settings.ssh_window or len(todo)
             with ThreadPoolExecutor(max_workers=min(window, len(todo))) as pool:
                 list(pool.map(attempt, todo))
+            for line in self._host_keys.take_added():
+                self.report(line, Severity.WARNING)
         return {x: self.failed[x] for x in wanted if x in self.failed}
 
     def run(

@@ -21,6 +21,11 @@ Count = Annotated[int, "Count"]
 Switch = Annotated[bool, "Switch"]
 #: A size as sccache writes it: a number with an optional K, M, G or T (powers of 1024).
 Size = Annotated[str, "Size"]
+#: ``fdl.require_verified``: how many remote hosts verification must reach (``all``,
+#: ``one`` or ``none``; a switch's words: on is ``all``, off is ``none``).
+Requirement = Annotated[str, "Requirement"]
+#: ``fdl.ssh_login_errors``: a misconfigured ssh login is an ``error``, or (flodl) a ``warn``.
+LoginErrors = Annotated[str, "LoginErrors"]
 _SWITCH_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -56,6 +61,23 @@ def check_switch(value: object) -> Switch:
     raise InvalidValue(f"must be bool (true or false, yes or no, 1 or 0), got {quote(value)}")
 
 
+def check_requirement(value: object) -> Requirement:
+    if isinstance(value, str) and value.lower() in ("all", "one", "none"):
+        return value.lower()
+    try:
+        return "all" if check_switch(value) else "none"
+    except InvalidValue:
+        raise InvalidValue(
+            f"must be all, one or none (true is all, false is none), got {quote(value)}"
+        ) from None
+
+
+def check_login_errors(value: object) -> LoginErrors:
+    if isinstance(value, str) and value.lower() in ("error", "warn"):
+        return value.lower()
+    raise InvalidValue(f"must be error or warn, got {quote(value)}")
+
+
 def check_cache_size(value: object) -> Size:
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
     if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
@@ -75,4 +97,6 @@ SETTING_CHECKS: dict[Any, Callable[[object], object]] = {
     Count: check_count,
     Switch: check_switch,
     Size: check_cache_size,
+    Requirement: check_requirement,
+    LoginErrors: check_login_errors,
 }

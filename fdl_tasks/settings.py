@@ -18,7 +18,7 @@ import attrs
 
 from fdl_tasks.converter import structure
 from fdl_tasks.errors import FdlError
-from fdl_tasks.setting_values import Count, Seconds, Size, Switch
+from fdl_tasks.setting_values import Count, LoginErrors, Requirement, Seconds, Size, Switch
 
 
 @attrs.frozen
@@ -44,7 +44,8 @@ class Settings:
     compile_cache_size: Size = "10G"
     verify_retries: Count = 3
     verify_retry_delay: Seconds = 1.0
-    require_verified: Switch = False
+    require_verified: Requirement = "one"
+    ssh_login_errors: LoginErrors = "error"
     copy_window: Count = 8
     stale_warning_size: Size = "1G"
     watch_debounce: Seconds = 0.3
@@ -62,14 +63,6 @@ class Settings:
                 f"unknown fdl setting(s): {', '.join(unknown)}; known: " + ", ".join(DEFAULTS)
             )
         return structure(merged, cls, "invalid setting(s)", root="fdl.")
-
-    def require_verification_possible(self) -> None:
-        """``--require-verified`` with ``--no-verify`` would publish what nobody verified."""
-        if self.require_verified and not self.verify:
-            raise FdlError(
-                "fdl.require_verified (--require-verified) needs verification, but it is off "
-                "(--no-verify or fdl.verify false): choose one"
-            )
 
 
 def resolve_cluster_file(chosen: str, given: bool, project_dir: str | None) -> str:

@@ -113,8 +113,8 @@ def build_host(
         "no-prebuild": "run only the data-path preflight; build and publish nothing",
         "per-host": "one build per host even where builds are identical (full isolation)",
         "no-verify": "skip delivery verification (hash, libraries, glibc) on the hosts",
-        "require-verified": "fail when a host cannot be asked to verify its copy "
-        "(default: fdl.require_verified, off: an unreachable host is a warning)",
+        "require-verified": "fail when any host cannot be asked to verify its copy "
+        "(fdl.require_verified all; default 'one': fail only when no host can be)",
         "timeout": "seconds one build may take (default: fdl.build_timeout, 3600)",
         "watch": "after the prebuild, rebuild and republish whenever a source changes",
     }

@@ -19,7 +19,7 @@ from fdl_tasks.build_argv import (
     container_identity,
     cross_variables,
 )
-from fdl_tasks.build_environment import BuildJob, NoEnvironment
+from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import (
     check_docker,
@@ -134,19 +134,19 @@ class ComposeBackend(ContainerBackend):
     def mounts(self) -> list[tuple[str, str | None]]:
         return [(self.compose.workspace, self.controller.path)]  # the compose file mounts the rest
 
-    def check(self, jobs: Sequence[BuildJob]) -> None:
+    def check(self, environments: Sequence[BuildEnvironment]) -> None:
         """Each service resolves to local images under each build's variables, and the
         project's networks exist before builds start in parallel."""
         root = self.controller.path
         services: dict[str, list[dict[str, str]]] = {}
-        for job in jobs:
-            environment = compose_environment(root, job.build.arch, self.ids)
-            services.setdefault(job.build.environment.toolchain, []).append(environment)
-        for service, environments in services.items():
-            configs = compose_configs(self.compose_argv, service, root, environments, self.source)
+        for build in environments:
+            variables = compose_environment(root, build.arch, self.ids)
+            services.setdefault(build.toolchain, []).append(variables)
+        for service, sets in services.items():
+            configs = compose_configs(self.compose_argv, service, root, sets, self.source)
             images = service_images(configs, service)
             check_docker(images, f"the images of compose service {service!r}", self.source)
-            create_compose_networks(self.compose_argv, service, root, environments[0], configs[0])
+            create_compose_networks(self.compose_argv, service, root, sets[0], configs[0])
 
     def build_line(self, job: BuildJob) -> str:
         return compose_line(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from fdl_tasks.backends.containers import ContainerBackend
 from fdl_tasks.build_argv import cargo_argv, container_cache, container_identity, cross_variables
-from fdl_tasks.build_environment import BuildJob, NoEnvironment
+from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import check_docker, user_ids
 from fdl_tasks.gpus import Vendor
@@ -116,9 +116,9 @@ class DockerRunBackend(ContainerBackend):
     def mounts(self) -> list[tuple[str, str | None]]:
         return project_mounts(self.controller, self.docker)
 
-    def check(self, jobs: Sequence[BuildJob]) -> None:
+    def check(self, environments: Sequence[BuildEnvironment]) -> None:
         check_docker(
-            [job.build.environment.toolchain for job in jobs],
+            [environment.toolchain for environment in environments],
             f"controller.docker.image is {self.docker.image!r}",
             self.source,
         )

@@ -11,15 +11,18 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 
 from fdl_tasks.build_argv import cargo_argv, cross_variables
-from fdl_tasks.build_environment import BuildJob, NoEnvironment
+from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.cache import CompileCache, stop_server, with_stats
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpus import Vendor
 from fdl_tasks.model import Arch, BuildMode, Controller, CrossSetup
 from fdl_tasks.names import join_path
+from fdl_tasks.readiness import cross_std_missing, has_std
 from fdl_tasks.variants import libtorch_dir
 
 
@@ -74,12 +77,39 @@ class NativeBackend:
     def mounts(self) -> list[tuple[str, str | None]]:
         return []  # no container: paths are the controller's
 
-    def check(self, jobs: Sequence[BuildJob]) -> None:
+    def check(self, environments: Sequence[BuildEnvironment]) -> None:
+        """cargo on PATH, and each cross target's ``std`` installed for this machine's rustc."""
         if shutil.which("cargo") is None:
             raise FdlError(
                 "cargo is not on PATH: install Rust (rustup) on the controller, or set "
                 f"controller.docker in {self.source} to build inside a container"
             )
+        targets = {e.cross.target: e.cross.cpu_arch for e in environments if e.cross}
+        missing = {t: why for t in targets if (why := self.std_problem(t))}
+        if missing:
+            raise FdlError(cross_std_missing(missing, targets))
+
+    def std_problem(self, target: str) -> str:
+        """Why rustc cannot build for ``target`` ("" when it can), asked as cargo would ask
+        it: ``$RUSTC`` or ``rustc``, in the project (a ``rust-toolchain`` file applies)."""
+        rustc = os.environ.get("RUSTC") or "rustc"
+        argv = [rustc, "--print", "target-libdir", "--target", target]
+        cwd = self.controller.path if os.path.isdir(self.controller.path) else None
+        try:
+            answer = subprocess.run(
+                argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"{shlex.join(argv)} failed: {exc}"
+        if answer.returncode != 0:
+            last = (answer.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"{shlex.join(argv)} exited {answer.returncode}: {last}"
+        libdir = Path(answer.stdout.strip())
+        try:
+            names = os.listdir(libdir)
+        except OSError:
+            names = []
+        return "" if has_std(names) else f"no libstd in {libdir}"
 
     def build_line(self, job: BuildJob) -> str:
         return native_line(job, self.controller, self.cache, self.run_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from fdl_tasks.build_environment import BuildJob, NoEnvironment
+from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.cache import CompileCache
 from fdl_tasks.gpus import Vendor
 from fdl_tasks.model import Arch, BuildMode, Controller, CrossSetup
@@ -46,8 +46,9 @@ class Backend(Protocol):
     def mounts(self) -> list[tuple[str, str | None]]:
         """Container path → controller path of a build's mounts (``None``: the variant)."""
 
-    def check(self, jobs: Sequence[BuildJob]) -> None:
-        """Before any build: every tool and image the jobs need is there (else FdlError)."""
+    def check(self, environments: Sequence[BuildEnvironment]) -> None:
+        """Before any build (and in preflight): every tool and image these build
+        environments need is there (else FdlError)."""
 
     def build_line(self, job: BuildJob) -> str:
         """The job's whole shell command line, every value quoted."""

@@ -144,8 +144,8 @@ def test_arch_change_builds_fresh_in_a_new_dir(rig: RigCluster) -> None:
 
 
 def test_a_missing_variant_is_refused_before_any_build(rig: RigCluster) -> None:
-    """A typo in 'arch' (no libtorch/<arch>/lib on the controller) stops the run before
-    preflight and any build, naming the host and the path looked for."""
+    """A typo in 'arch' (no libtorch/<arch>/lib on the controller) is a preflight error
+    of the controller, naming the host and the path looked for; nothing is built."""
     broken_lib = rig.project / "libtorch/precompiled/cu118"
     break_variant(rig.project, "precompiled/cu118")
     archs = {"blackwell": "precompiled/cu128", "ada": "precompiled/cu118"}
@@ -153,10 +153,13 @@ def test_a_missing_variant_is_refused_before_any_build(rig: RigCluster) -> None:
     shutil.rmtree(rig.project / "target", ignore_errors=True)
     done = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
     assert done.returncode == 1
-    assert done.stderr == (
-        "fdl: libtorch variant(s) not found on the controller (a typo in 'arch'?); nothing "
-        f"was built: ada (arch precompiled/cu118): {broken_lib}/lib\n"
-    )
+    assert (
+        "  error    ctrl (controller, local): libtorch variant(s) not found on the controller "
+        f"(a typo in 'arch'?): ada (arch precompiled/cu118): {broken_lib}/lib\n"
+    ) in done.stderr
+    # The host sees the same project: the variant is missing in its view too.
+    assert f"  error    ada: libtorch variant not found at {broken_lib}/lib in this" in done.stderr
+    assert done.stderr.endswith("fdl: preflight found errors on ctrl, ada; nothing was built\n")
     assert not (rig.project / "target").exists()
 
 
@@ -219,9 +222,12 @@ def test_docker_api_error_is_one_clean_message(rig: RigCluster) -> None:
     path = rig.write(workers(rig), "upper.yaml", docker=settings)
     done = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
     assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("fdl: the Docker daemon refused to look up image 'FDL-Upper:")
-    assert "must be lowercase" in last and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    refused = "  error    ctrl (controller, local): the Docker daemon refused to look up image"
+    said = [line for line in lines if line.startswith(refused)]  # preflight's, before any build
+    assert len(said) == 1 and "'FDL-Upper:" in said[0] and "must be lowercase" in said[0]
+    assert lines[-1] == "fdl: preflight found errors on ctrl; nothing was built"
+    assert "Traceback" not in done.stderr
 
 
 def test_docker_build_as_a_non_root_user_leaves_no_root_files(rig: RigCluster) -> None:

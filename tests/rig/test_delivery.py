@@ -39,10 +39,12 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
 
 
 def copy_view(rig: RigCluster, name: str, with_libtorch: bool = True) -> Path:
-    """A host-private copy of the project: what a stale mount looks like."""
+    """A host-private copy of the project: what a stale mount looks like. Without
+    ``with_libtorch``, each variant's ``lib/`` is there but empty (preflight refuses a
+    host without the directory, before any build; this one gets as far as verification)."""
     view = rig.root / f"view-{name}"
     shutil.rmtree(view, ignore_errors=True)
-    ignore = shutil.ignore_patterns("target", *([] if with_libtorch else ["libtorch"]))
+    ignore = shutil.ignore_patterns("target", *([] if with_libtorch else ["libtorch.so*"]))
     shutil.copytree(rig.project, view, ignore=ignore, symlinks=True)
     return view
 

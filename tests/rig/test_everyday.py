@@ -526,7 +526,7 @@ def vanishing_host_run(rig: RigCluster, path: Path, sleep: str, *options: str) -
         env={**ENV, "FDL_FIXTURE_BUILD_SLEEP": sleep},
     )
     run.wait_for(lambda: "build(s) with" in run.stderr)
-    assert "preflight: 3 ok" in run.stderr, run.stderr  # e3 answered the preflight
+    assert "\n  ok       e3\n" in run.stderr, run.stderr  # e3 answered the preflight
     rig.rig.stop_host("e3")
     return run
 

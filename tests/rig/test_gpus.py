@@ -211,6 +211,18 @@ def test_arch_auto_chooses_builds_and_runs_as_if_written_by_hand(rig: RigCluster
     assert again.stdout == done.stdout  # stable from run to run
 
 
+def test_build_host_chooses_an_auto_arch_from_its_probe(rig: RigCluster) -> None:
+    """``build-host`` probes its host first, so ``arch: auto`` works there as in prebuild;
+    the entry is what prebuild published for that host."""
+    done = prebuild(rig, dict.fromkeys(AUTO_CHOICES, "auto"), "auto-one.yaml")
+    assert done.returncode == 0, done.stderr
+    args = ("--host", "blackwell", "--cmd", "ddp-bench", "--json")
+    one = rig.inv("build-host", *args, "--cluster-file", str(rig.root / "auto-one.yaml"))
+    assert one.returncode == 0, one.stderr
+    assert "note     blackwell: arch: auto chose builds/sm61-sm120" in one.stderr
+    assert decode(one.stdout, "stdout") == {"blackwell": decode(done.stdout, "stdout")["blackwell"]}
+
+
 def test_arch_auto_without_a_candidate_lists_each_variant(rig: RigCluster) -> None:
     done = prebuild(rig, {"olddriver": "auto", "pascal": "auto"}, "auto-none.yaml")
     assert done.returncode != 0

@@ -66,6 +66,18 @@ def binary_processes(rig: RigCluster) -> list[int]:
     ]
 
 
+def launch_wrappers(rig: RigCluster) -> list[int]:
+    """The remote sessions' wrapper shells of this rig's launch (not another run's on the
+    same machine): the shells whose script waits on one of this rig's binaries."""
+    wanted = set(binaries(rig).values())
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        script = " ".join(process.info["cmdline"] or [])
+        if "__fdl_pid=$!" in script and any(binary in script for binary in wanted):
+            found.append(process.pid)
+    return found
+
+
 def wait_until(predicate: object, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -125,12 +137,10 @@ def test_dropped_connection_leaves_no_process(rig: RigCluster) -> None:
 def test_hang_up_reaches_the_program_as_term(rig: RigCluster) -> None:
     """A hang-up of the remote session (SIGHUP to its wrapper shell) stops the program."""
     run = start_launch(rig, cluster_file(rig, "hup.yaml"), 120, "--quiet")
-    wrappers = subprocess.run(
-        ["pgrep", "-f", "__fdl_pid"], capture_output=True, text=True, check=False
-    ).stdout.split()
+    wrappers = launch_wrappers(rig)
     assert len(wrappers) == len(ARCHS)
     for pid in wrappers:
-        os.kill(int(pid), signal.SIGHUP)
+        os.kill(pid, signal.SIGHUP)
     assert run.finish(timeout=60) == 1
     assert "launch failed on run-a" in run.stderr and "run-b" in run.stderr
     assert binary_processes(rig) == []

@@ -114,3 +114,19 @@ def test_every_cycle_cross_builds_the_unpinned_aarch64_host(rig: RigCluster, mod
     # From the first preflight's facts: no cycle after it probed again.
     lines = [text for _, text in run.lines if text.startswith("watch: cycle ")]
     assert len(lines) == 4 and not any("preflight ok" in text for text in lines), lines
+
+
+def test_build_host_probes_the_unpinned_aarch64_host(rig: RigCluster) -> None:
+    """``build-host`` probes its one host as prebuild probes them all: the aarch64 host's
+    ``uname -m`` makes its build a cross build, and the other host's entry is kept."""
+    path = unpinned_cluster(rig, "docker-run")
+    first = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
+    assert first.returncode == 0, first.stderr
+    set_rev(rig, "7")
+    done = rig.inv(
+        "build-host", "--host", "wa-arm", "--cmd", "ddp-bench", "--cluster-file", str(path)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "preflight: probing 1 remote host(s)" in done.stderr
+    assert "\n  ok       wa-arm\n" in done.stderr
+    assert published(rig) == {"wa-x86": ("x86_64", "0"), "wa-arm": ("aarch64", "7")}

@@ -13,7 +13,7 @@ import pytest
 
 from fdl_tasks.errors import FdlError
 from fdl_tasks.locks import FileLock, create_lock, project_lock
-from fdl_tasks.remote import quiet_paramiko
+from fdl_tasks.login_facts import quiet_paramiko
 from fdl_tasks.reporting import collect
 
 HOLD = (

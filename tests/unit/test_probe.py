@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import attrs
 import pytest
 
 from fdl_tasks.probe import (
@@ -155,3 +156,20 @@ def test_a_missing_default_data_path_is_one_note_for_every_host() -> None:
     ]
     declared = judge("c", ProbeRequest("/flodl/data", True, abi=True), facts, BUILD)
     assert declared.status == "error" and not declared.notes
+
+
+def test_a_note_true_of_several_hosts_is_one_line_naming_them() -> None:
+    """A first run on hosts without GPU tools: one note line, not one per host."""
+    facts = ProbeFacts("ok", "x86_64", "ldd (GNU libc) 2.36", True)
+    gpu = "GPU coverage could not be checked: no nvidia-smi on the host"
+    verdicts = [attrs.evolve(judge(h, ABI, facts, BUILD), notes=(gpu,)) for h in ("a", "b", "c")]
+    verdicts[2] = attrs.evolve(verdicts[2], notes=("arch: auto chose precompiled/cpu",))
+    lines = [line for line, _ in report_lines(verdicts)]
+    assert lines == [
+        "  ok       a",
+        "  ok       b",
+        "  ok       c",
+        f"  note     a, b: {gpu}",
+        "  note     c: arch: auto chose precompiled/cpu",
+        "preflight: 3 ok, 0 with warnings, 0 with errors",
+    ]
