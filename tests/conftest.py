@@ -6,6 +6,7 @@ How a test runs the real ``inv`` lives in :mod:`rig.harness` (shared with
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,13 @@ __all__ = ["DATA", "REPO", "run_inv"]
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
+
+# A shell starts a background job (``scripts/test &``, ``nohup … &``) with Ctrl-C
+# ignored, and an ignored signal stays ignored through exec: every ``inv`` the tests
+# start would then ignore the SIGINT a test sends it. The tests' children get
+# Ctrl-C's default, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -181,7 +181,9 @@ def test_build_host_writes_its_page(rig: RigCluster) -> None:
     data = read_page(Path(PAGE.findall(done.stderr)[0]))
     assert data["task"] == "build-host"
     kinds = [(s["kind"], s["name"]) for s in data["spans"]]
-    assert kinds == [("build", "t-cpu"), ("verify", "t-cpu"), ("publish", "ddp-bench")]
+    probed = sorted(kinds[:2])  # its own preflight: the controller and its one host
+    assert probed == [("preflight", "ctrl"), ("preflight", "t-cpu")], kinds
+    assert kinds[2:] == [("build", "t-cpu"), ("verify", "t-cpu"), ("publish", "ddp-bench")]
     assert all(0 <= s["start"] <= s["end"] <= data["wall"] for s in data["spans"])
 
 
