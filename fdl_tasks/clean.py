@@ -19,7 +19,7 @@ from fdl_tasks.build_plan import live_target_dirs
 from fdl_tasks.console import format_table
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpu_gate import expand_auto
-from fdl_tasks.layout import CLUSTER_TARGET, LOCK_FILE, OWN_ENTRIES, stale_dirs
+from fdl_tasks.layout import CLUSTER_TARGET, LOCK_FILE, OWN_ENTRIES, WATCH_DIR, stale_dirs
 from fdl_tasks.locks import FileLock
 from fdl_tasks.run import Run
 from fdl_tasks.setting_values import size_bytes
@@ -82,9 +82,10 @@ def clean_target_tree(run: Run, *, list_only: bool, everything: bool) -> None:
     """Remove (or only list) stale entries, each with its size, and the total."""
     tree = run.root / CLUSTER_TARGET
     with no_prebuild_running(run.root / LOCK_FILE):
-        if everything:
+        if everything:  # envelopes too (they would name removed binaries); a watcher's own
             names = [p.name for p in sorted(tree.iterdir())] if tree.is_dir() else []
-            chosen = [n for n in names if n != Path(LOCK_FILE).name]
+            kept = {Path(LOCK_FILE).name, Path(WATCH_DIR).name}  # lock and state: never
+            chosen = [n for n in names if n not in kept]
         else:
             chosen = stale_paths(run)
         if not chosen:

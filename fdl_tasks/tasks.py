@@ -35,7 +35,8 @@ HELP = {
     "cmd": "the command to build (cargo --bin name); required",
     "crate-dir": "crate directory relative to controller.path (default: <cmd>/ if it holds "
     "a Cargo.toml, else the project root)",
-    "no-cache": "build without the compile cache (sccache), every build from scratch",
+    "no-cache": "build without the compile cache (sccache): no compiled crate is shared "
+    "between target dirs; each still rebuilds only what changed (cargo's fingerprints)",
     "timings": "write an HTML timeline of the run (with cargo's --timings report of each "
     "build) under target/cluster/_timings/ (default: fdl.timings)",
 }
@@ -197,7 +198,8 @@ def launch(
         "cluster-file": HELP["cluster-file"],
         "controller-host": HELP["controller-host"],
         "dry": "list what would be removed, remove nothing (like inv --dry clean)",
-        "all": "remove every build tree under target/cluster/, in use or not",
+        "all": "remove every build tree under target/cluster/, in use or not, with the "
+        "envelopes and timings pages (a running watcher's state and the lock stay)",
     }
 )
 def clean(

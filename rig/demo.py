@@ -6,12 +6,23 @@ workspace, four x86_64 stub libtorch variants and an aarch64 one, and a
 ``cuda-arm64`` cross-build service) and starts five simulated workers, each a
 real sshd on its own loopback address; ``node-gh200`` is an aarch64 host
 whose programs run under qemu-user (:mod:`rig.cross`). ``down`` stops them.
+
+``--state DIR --first-address ADDR`` brings the same rig up with its sshd
+state elsewhere and its hosts at other addresses (the README's quick-start
+test, in a mount namespace of its own): the client key is then copied to the
+path the cluster files name, so that only the addresses differ.
+``--no-aarch64`` leaves out node-gh200 and its variant, whose stub is compiled
+in a container (which would not see such a namespace's files).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import ipaddress
 import os
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from rig.cross import add_aarch64_variant, ensure
@@ -34,10 +45,24 @@ VARIANTS = ("precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu", "precom
 AARCH64_VARIANTS = ("precompiled/cu128-aarch64",)
 
 
-def up() -> None:
-    ensure()  # qemu binfmt for node-gh200, the cross image for its stub and builds
-    bring_up(RIG, HOSTS, PROJECT, VARIANTS, known_hosts=DEMO / "known_hosts")
-    for arch in AARCH64_VARIANTS:
+def hosts_from(first: str | None) -> tuple[HostSpec, ...]:
+    """The demo's hosts, in :data:`HOSTS` order at ``first``, ``first`` + 1, … (None: as is)."""
+    if first is None:
+        return HOSTS
+    base = ipaddress.IPv4Address(first)
+    return tuple(dataclasses.replace(spec, address=str(base + n)) for n, spec in enumerate(HOSTS))
+
+
+def up(rig: Rig = RIG, hosts: Sequence[HostSpec] = HOSTS) -> None:
+    aarch64 = any(spec.emulate == "aarch64" for spec in hosts)
+    if aarch64:
+        ensure()  # qemu binfmt for node-gh200, the cross image for its stub and builds
+    bring_up(rig, hosts, PROJECT, VARIANTS, known_hosts=DEMO / "known_hosts")
+    if rig.client_key != RIG.client_key:  # the key where the cluster files say it is
+        RIG.client_key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(rig.client_key, RIG.client_key)
+        os.chmod(RIG.client_key, 0o600)
+    for arch in AARCH64_VARIANTS if aarch64 else ():
         add_aarch64_variant(PROJECT, arch)
     write_compose_file(PROJECT, cross=True)
     (PROJECT / "data").mkdir(exist_ok=True)
@@ -45,16 +70,23 @@ def up() -> None:
     pascal_view.parent.mkdir(parents=True, exist_ok=True)
     if not pascal_view.is_symlink():
         os.symlink(PROJECT, pascal_view)
-    print(f"demo rig up: {len(HOSTS)} workers, project at {PROJECT}")
+    where = ", ".join(f"{spec.name} {spec.address}" for spec in hosts)
+    print(f"demo rig up: {len(hosts)} workers ({where}), project at {PROJECT}")
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m rig.demo")
     parser.add_argument("action", choices=["up", "down"])
-    if parser.parse_args().action == "up":
-        up()
+    parser.add_argument("--state", type=Path, help="the sshd state dir (default: the demo's)")
+    parser.add_argument("--first-address", help="the first host's address; the others follow")
+    parser.add_argument("--no-aarch64", action="store_true", help="leave out node-gh200")
+    args = parser.parse_args(argv)
+    rig = Rig(args.state) if args.state else RIG
+    if args.action == "up":
+        hosts = hosts_from(args.first_address)
+        up(rig, [spec for spec in hosts if not (args.no_aarch64 and spec.emulate)])
     else:
-        RIG.down()
+        rig.down()
         print("demo rig down")
     return 0
 

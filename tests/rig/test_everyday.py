@@ -354,9 +354,13 @@ def test_clean_never_touches_anything_outside_the_cluster_tree(rig: RigCluster) 
     assert stale.returncode == 0, stale.stderr
     assert sorted(listed(stale.stderr)) == sorted(str(p.relative_to(rig.project)) for p in links)
     lay_links()
+    watch_state = target / "cluster/_watch/ddp-bench.json"  # a watcher's, which --all keeps
+    watch_state.parent.mkdir()
+    watch_state.write_text("{}")
     everything = inv(rig, "clean", "--all", "--cluster-file", str(path))
     assert everything.returncode == 0, everything.stderr
-    assert sorted(os.listdir(target / "cluster")) in ([], ["_prebuild.lock"])
+    assert sorted(os.listdir(target / "cluster")) in (["_watch"], ["_prebuild.lock", "_watch"])
+    assert watch_state.read_text() == "{}"
     assert not (target / "cluster/_envelopes").exists()
 
     assert (outside / "precious").read_text() == "keep"

@@ -33,7 +33,7 @@ from fdl_tasks.variants import cargo_features
 T = TypeVar("T")
 
 SOURCE = "cluster.yaml"
-#: How every refusal of a cluster file starts (README, "Bad input").
+#: How every refusal of a cluster file starts (docs/cluster-file.md, "Validation and bad input").
 REFUSAL = f"{SOURCE} is not a valid cluster file: "
 MARKER = "PWNED"
 
@@ -269,7 +269,7 @@ def checked_crate_dir(relative: str) -> str | None:
 
 
 def host_binary(path: str, label: str, arch: str, command: str) -> str:
-    """Where a worker's binary lives, as the README lays it out (``/`` in the arch → ``-``)."""
+    """Where a worker's binary lives, as docs/builds.md lays it out (``/`` in the arch → ``-``)."""
     return f"{path.rstrip('/')}/target/cluster/{label}/{arch.replace('/', '-')}/release/{command}"
 
 
