@@ -21,11 +21,16 @@ from fdl_tasks.binary_check import file_machine
 from fdl_tasks.envelope import decode
 from fdl_tasks.layout import envelope_file
 from rig.cross import CROSS_REF, add_aarch64_variant, ensure
-from rig.harness import RigCluster, Running, start_rig
+from rig.harness import RigCluster, start_rig
 from rig.project import CROSS_SERVICE, write_compose_file
 from rig.sshrig import HostSpec
 from tests.rig.test_aarch64 import native_cross_toolchain
-from tests.rig.test_watch import ENV, set_rev, wait_cycle
+from tests.rig.test_watch import (
+    ENV,
+    pristine_source,  # noqa: F401 (autouse: rev 0 per test)
+    set_rev,
+    wait_cycle,
+)
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
@@ -49,13 +54,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
         add_aarch64_variant(cluster.project, ARM_ARCH)
         write_compose_file(cluster.project, cross=True)
         yield cluster
-
-
-@pytest.fixture(autouse=True)
-def pristine_source(rig: RigCluster) -> Iterator[None]:
-    set_rev(rig, "0")
-    yield
-    Running.stop_all()
 
 
 def unpinned_cluster(rig: RigCluster, mode: str) -> Path:

@@ -28,6 +28,7 @@ from tests.rig.test_watch import (
     cluster_file,
     cycles,
     main_rs,
+    pristine_source,  # noqa: F401 (autouse: rev 0 per test)
     revs_on_hosts,
     revs_published,
     set_rev,
@@ -52,13 +53,6 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
     variants = sorted(set(ARCHS.values()))
     with start_rig(tmp_path_factory.mktemp("saves"), HOSTS, variants) as cluster:
         yield cluster
-
-
-@pytest.fixture(autouse=True)
-def pristine_source(rig: RigCluster) -> Iterator[None]:
-    set_rev(rig, "0")
-    yield
-    Running.stop_all()
 
 
 def state(rig: RigCluster) -> dict[str, Any]:
