@@ -25,7 +25,7 @@ from invoke.parser.argument import Argument
 from invoke.tasks import Task, task
 from invoke.vendor import yaml as invoke_yaml
 
-from fdl_tasks.config_errors import merge_problem, value_at, yaml_problem
+from fdl_tasks.config_errors import merge_problem, not_a_mapping, value_at, yaml_problem
 from fdl_tasks.errors import (
     FdlError,
     LeftRunning,
@@ -136,8 +136,6 @@ def config_file_problem(exc: BaseException, tb: TracebackType | None) -> str | N
         return None
     if isinstance(exc, yaml.YAMLError | invoke_yaml.YAMLError):  # Invoke reads with its own
         return yaml_problem(exc, "Invoke's configuration file")
-    if not isinstance(exc, AmbiguousMergeError):
-        return None
     merging = [f for f in in_config if f.f_code.co_name == "_merge_file"]
     keys = [
         str(f.f_locals["key"])
@@ -147,9 +145,14 @@ def config_file_problem(exc: BaseException, tb: TracebackType | None) -> str | N
     config = merging[-1].f_locals["self"] if merging else None
     source = str(merging[-1].f_locals.get("name")) if merging else ""
     path = getattr(config, f"_{source}_path", None)
+    data = getattr(config, f"_{source}", None)
+    if isinstance(exc, AttributeError | TypeError) and path and not keys:
+        return not_a_mapping(path, data)  # the whole file a string or a list
+    if not isinstance(exc, AmbiguousMergeError):
+        return None
     if not path:
         return f"Invoke's configuration cannot be merged: {exc}"
-    found, value = value_at(getattr(config, f"_{source}", None), keys)
+    found, value = value_at(data, keys)
     try:
         with open(path, encoding="utf-8") as stream:
             text = stream.read()

@@ -80,6 +80,14 @@ def merge_problem(path: str, text: str, keys: Sequence[str], value: object) -> s
     )
 
 
+def not_a_mapping(path: str, data: object) -> str:
+    """A configuration file that is one value or a list, not settings by name."""
+    return (
+        f"{path}: the file is {kind_of(data)}, but it must be a mapping of settings "
+        "(e.g. 'fdl: {cluster_file: fdl.cluster.yml}')"
+    )
+
+
 def misplaced_cluster_file(
     present: Collection[str], runtime_path: str | None, task: str
 ) -> str | None:

@@ -123,7 +123,7 @@ def describe_failure(exc: BaseException, login: Login, connect_timeout: float) -
         return Failure(f"connection refused at {where}", kind)
     if isinstance(exc, TimeoutError):
         return Failure(f"connection to {where} timed out after {connect_timeout:g}s", kind)
-    if _banner_failure(exc) and not isinstance(exc.__context__, TimeoutError):
+    if wants_greeting(exc):
         return Failure(
             f"{where} accepted the connection but closed it before any SSH banner "
             "(sshd refusing connections: MaxStartups, tcp wrappers?)",
@@ -175,14 +175,15 @@ def key_file_failure(login: Login, why: str) -> Failure:
     """The identity file cannot be used (``why``: ``missing``, ``public`` or ``unreadable``)."""
     key = login.keys[0] if login.keys else "the identity file"
     purpose = f"to log in to {login.where} as {login.user}"
-    hand = login.by_hand()
+    # The line logs in as fdl-tasks will once the file is right: with that key alone.
+    hand = attrs.evolve(login, keys=login.keys[:1], identity_only=bool(login.keys)).by_hand()
     if why == "public":
         private = key.removesuffix(".pub")
         text = (
             f"ssh.identity_file {key} is a public key: point it at the private key "
             f"({private}, if that is its pair), {purpose}"
         )
-        hand = attrs.evolve(login, keys=(private,)).by_hand()
+        hand = attrs.evolve(login, keys=(private,), identity_only=True).by_hand()
     elif why == "missing":
         text = f"ssh.identity_file {key} does not exist ({purpose})"
     else:

@@ -78,6 +78,16 @@ def test_a_cluster_file_on_the_command_line_is_relative_to_the_working_directory
             "fdl: {cluster_file: fdl.cluster.yml\n",
             "invoke.yaml is not valid YAML at line 2, column 1: expected ',' or '}'",
         ),
+        (  # every colon missing: the whole file one string
+            "fdl cluster_file=fdl.cluster.yml\n",
+            "invoke.yaml: the file is a string ('fdl cluster_file=fdl.cluster.yml'), but it "
+            "must be a mapping of settings",
+        ),
+        (  # a list where the settings go
+            "- fdl\n- cluster_file\n",
+            "invoke.yaml: the file is a list (['fdl', 'cluster_file']), but it must be a "
+            "mapping of settings",
+        ),
     ],
 )
 def test_an_invoke_yaml_mistake_is_one_paragraph(project: Path, text: str, expected: str) -> None:

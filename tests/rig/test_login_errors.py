@@ -140,7 +140,7 @@ def test_the_public_half_as_identity_file_is_an_error(rig: RigCluster) -> None:
     assert reason.startswith(
         f"ssh.identity_file {public} is a public key: point it at the private key ({private}, "
     ), reason
-    assert by_hand(reason)[:3] == ["ssh", "-i", str(private)]
+    assert by_hand(reason)[:5] == ["ssh", "-i", str(private), "-o", "IdentitiesOnly=yes"]
     # A file that is not there: the same kind of error, on that host's line.
     gone = rig.root / "no such key"
     done, got = preflight(

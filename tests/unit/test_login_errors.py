@@ -136,7 +136,8 @@ def test_other_configuration_failures_say_what_they_are() -> None:
         "10.0.0.5:2222 answers, but not as an SSH server (it said 'HTTP/1.1 400 Bad Request'): "
         "check that 2222 is its sshd's port"
     )
-    public = key_file_failure(Login("root", "h", 22, ("/k/id.pub",), identity_only=True), "public")
+    # As the Fleet builds it for an unusable file: the key is not loaded, so not "only".
+    public = key_file_failure(Login("root", "h", 22, ("/k/id.pub", "/r/.ssh/id_rsa")), "public")
     assert public.kind is Kind.KEY_FILE
     assert public.reason.endswith(
         "try by hand: ssh -i /k/id -o IdentitiesOnly=yes -p 22 root@h true"
@@ -145,7 +146,7 @@ def test_other_configuration_failures_say_what_they_are() -> None:
     missing = key_file_failure(Login("root", "h", 22, ("/k/gone",)), "missing")
     assert missing.reason == (
         "ssh.identity_file /k/gone does not exist (to log in to h:22 as root); try by hand: "
-        "ssh -i /k/gone -p 22 root@h true"
+        "ssh -i /k/gone -o IdentitiesOnly=yes -p 22 root@h true"
     )
 
 
