@@ -173,7 +173,7 @@ def prebuild(
     run.note_unlisted_controller()
     if run.dry:
         jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
-        for line in dry_run_lines(run, abi=True):
+        for line in dry_run_lines(run, abi=True, crate=crate):
             run.report(line)
         run_builds(run, backend, jobs)
         return None

@@ -50,12 +50,16 @@ def controller_entry(cluster: Cluster, label: str) -> Worker | Controller:
     return next((w for w in cluster.workers if w.host == label), cluster.controller)
 
 
+def controller_request(cluster: Cluster, label: str) -> ProbeRequest:
+    """What the controller is asked, locally: its data path only (it is the build host;
+    its own directories are :mod:`fdl_tasks.readiness`'s)."""
+    return attrs.evolve(ProbeRequest.for_host(controller_entry(cluster, label), False), paths=None)
+
+
 def probe_controller(cluster: Cluster, label: str, settings: Settings) -> Verdict:
     """The controller is the build host: only its data path needs asking, locally (its
     other checks are :func:`fdl_tasks.controller_check.controller_problems`)."""
-    request = attrs.evolve(
-        ProbeRequest.for_host(controller_entry(cluster, label), False), paths=None
-    )
+    request = controller_request(cluster, label)
     try:
         done = subprocess.run(
             ["sh", "-c", request.script()],
@@ -109,18 +113,19 @@ def probe_remotes(
     return verdicts
 
 
-def dry_run_lines(run: Run, *, abi: bool) -> list[str]:
-    """What preflight would run, for ``inv --dry``: one line per host."""
+def dry_run_lines(run: Run, *, abi: bool, crate: str | None = None) -> list[str]:
+    """What preflight would run, for ``inv --dry``: one line per host, each exactly the
+    script the real run sends."""
 
     def one_line(request: ProbeRequest) -> str:
         return shlex.quote(request.script().replace("\n", "; "))
 
-    entry = ProbeRequest.for_host(controller_entry(run.cluster, run.controller), abi)
-    lines = [f"[{run.controller}] (local) sh -c {one_line(attrs.evolve(entry, paths=None))}"]
+    local = one_line(controller_request(run.cluster, run.controller))
+    lines = [f"[{run.controller}] (local) sh -c {local}"]
     for worker in run.remotes:
         port = worker.ssh.port or 22
         user = f"{worker.ssh.user}@" if worker.ssh.user else ""
-        request = ProbeRequest.for_host(worker, abi, source=run.cluster.source)
+        request = ProbeRequest.for_host(worker, abi, crate, run.cluster.source)
         lines.append(f"[{worker.host}] ssh {user}{worker.ssh_target}:{port} {one_line(request)}")
     return lines
 

@@ -115,6 +115,16 @@ def test_worker_path_typo_is_an_error_there_in_one_round_trip(rig: RigCluster) -
     assert "fdl: preflight found errors on typo; nothing was built" in built.stderr
 
 
+def test_dry_prebuild_prints_the_probe_it_would_send(rig: RigCluster) -> None:
+    """``inv --dry prebuild`` lists each host's probe as the real run sends it: with the
+    command known, the check of the command's directory on that host."""
+    path = rig.write([host(rig, "good")], "dry.yaml")
+    done = rig.inv("--dry", "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
+    assert done.returncode == 0, done.stderr
+    (line,) = [text for text in done.stderr.splitlines() if text.startswith("[good] ssh ")]
+    assert "echo workdir=ok" in line and f"{rig.project}/ddp-bench" in line
+
+
 def test_host_without_the_variant_or_the_command_dir(rig: RigCluster) -> None:
     """A host whose ``path`` exists but is not the project: its variant is missing there
     (preflight); the project's libtorch but no crate dir: refused once the command is
