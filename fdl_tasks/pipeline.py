@@ -140,8 +140,8 @@ def plan(
     auto = [w.host for w in workers if w.arch == AUTO]
     if auto:
         raise FdlError(
-            f"arch: auto on {', '.join(auto)} is chosen from preflight's probe, which this run "
-            "does not make (--dry, build-host): run inv prebuild, or set 'arch'"
+            f"arch: auto on {', '.join(auto)} is chosen from preflight's probe, which "
+            "inv --dry does not make: run inv prebuild, or set 'arch'"
         )
     shared = run.settings.shared_builds
     jobs = plan_builds(workers, backend, command, crate, shared, cpu_archs=cpu_archs)

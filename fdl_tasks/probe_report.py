@@ -15,6 +15,7 @@ def report_lines(verdicts: Iterable[Verdict]) -> list[tuple[str, Severity]]:
     lines: list[tuple[str, Severity]] = []
     counts: dict[Status, list[str]] = {"ok": [], "warning": [], "error": []}
     shared: dict[str, list[str]] = {}
+    defaults: dict[str, str] = {}  # the missing-default-data-path notes, with their path
     for verdict in verdicts:
         counts[verdict.status].append(verdict.host)
         where = f"{verdict.host} (controller, local)" if verdict.local else verdict.host
@@ -24,8 +25,10 @@ def report_lines(verdicts: Iterable[Verdict]) -> list[tuple[str, Severity]]:
         lines += [(f"  warning  {where}: {w}", Severity.WARNING) for w in verdict.warnings]
         for note in verdict.notes:
             shared.setdefault(note, []).append(verdict.host)
+        if default_data_note(verdict.data_path) in verdict.notes:
+            defaults[default_data_note(verdict.data_path)] = verdict.data_path
     lines += [
-        (f"  note     {_note_line(note, hosts)}", Severity.PROGRESS)
+        (f"  note     {_note_line(note, hosts, defaults.get(note))}", Severity.PROGRESS)
         for note, hosts in shared.items()
     ]
     summary = (
@@ -38,13 +41,12 @@ def report_lines(verdicts: Iterable[Verdict]) -> list[tuple[str, Severity]]:
     return lines
 
 
-def _note_line(note: str, hosts: list[str]) -> str:
-    """A note said once for the hosts it is true of; the missing default data path with
-    the way to silence it."""
-    path = note.removeprefix("default data_path ").split(" is missing", 1)[0]
-    if note == default_data_note(path):
+def _note_line(note: str, hosts: list[str], default_path: str | None) -> str:
+    """A note said once for the hosts it is true of; the missing default data path
+    (``default_path``) with the way to silence it."""
+    if default_path is not None:
         return (
-            f"no data_path declared, and the default {path} is missing on "
+            f"no data_path declared, and the default {default_path} is missing on "
             f"{', '.join(hosts)}: fine without shared storage (declare data_path: on those "
             "hosts to silence this; a declared one must exist)"
         )

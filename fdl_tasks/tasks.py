@@ -47,7 +47,7 @@ HELP = {
         "cluster-file": HELP["cluster-file"],
         "controller-host": HELP["controller-host"],
         "json": HELP["json"],
-        "no-prebuild": "check only the data paths, not the ABI gate (no binary will ship)",
+        "no-prebuild": "check data paths and directories only: no ABI gate, no build checks (no binary will ship)",
     }
 )
 def preflight(
@@ -110,7 +110,7 @@ def build_host(
         **HELP,
         "jobs": "how many builds may run at once (default: fdl.build_jobs, else one per "
         "core, two per core when every target dir is already built)",
-        "no-prebuild": "run only the data-path preflight; build and publish nothing",
+        "no-prebuild": "run only preflight --no-prebuild; build and publish nothing",
         "per-host": "one build per host even where builds are identical (full isolation)",
         "no-verify": "skip delivery verification (hash, libraries, glibc) on the hosts",
         "require-verified": "fail when any host cannot be asked to verify its copy "
