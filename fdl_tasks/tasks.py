@@ -47,7 +47,8 @@ HELP = {
         "cluster-file": HELP["cluster-file"],
         "controller-host": HELP["controller-host"],
         "json": HELP["json"],
-        "no-prebuild": "check data paths and directories only: no ABI gate, no build checks (no binary will ship)",
+        "no-prebuild": "check data paths and directories only: no ABI gate, no build checks "
+        "(no binary will ship)",
     }
 )
 def preflight(

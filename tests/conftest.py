@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from rig.faults import unmount_leftovers
 from rig.harness import run_inv
 
 __all__ = ["DATA", "REPO", "run_inv"]
@@ -24,6 +25,13 @@ DATA = Path(__file__).resolve().parent / "data"
 # Ctrl-C's default, as from a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A run killed during a fault test leaves a tmpfs mounted in its ``--basetemp``;
+    pytest would then fail to clear that directory, and every test of this run with it."""
+    if session.config.option.basetemp:
+        unmount_leftovers(Path(session.config.option.basetemp))
 
 
 @pytest.fixture
