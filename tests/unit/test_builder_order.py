@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
-from fdl_tasks.builder import head_start
+from fdl_tasks.build_environment import BuildJob
+from fdl_tasks.builder import concurrency, head_start
+from fdl_tasks.layout import MARKER_FILE
 from fdl_tasks.manifests import changed_since
 
 
@@ -80,3 +84,23 @@ def test_no_marker_or_an_unreadable_manifest_is_no_change(tmp_path: Path) -> Non
     assert not changed_since([crate], [tmp_path / "missing"])
     (tmp_path / "Cargo.toml").write_text("[workspace\n")  # cargo itself will say what is wrong
     assert not changed_since([crate], [marker])
+
+
+@pytest.mark.parametrize(
+    ("warm", "configured", "expected"),
+    [
+        (False, 0, 4),  # a cold target dir: one build per core
+        (True, 0, 8),  # every target dir built: two per core (incremental rebuilds)
+        (True, 3, 3),  # fdl.build_jobs wins
+    ],
+)
+def test_builds_at_once_follow_the_cores_and_the_target_dirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm: bool, configured: int, expected: int
+) -> None:
+    """9 builds on 4 cores: the rule, apart from how many cores the test machine has."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    jobs = [SimpleNamespace(target_dir=f"target/cluster/_shared/v{i}") for i in range(9)]
+    for job in jobs if warm else jobs[1:]:
+        (tmp_path / job.target_dir).mkdir(parents=True)
+        (tmp_path / job.target_dir / MARKER_FILE).touch()
+    assert concurrency(configured, cast(list[BuildJob], jobs), tmp_path) == expected
