@@ -184,7 +184,7 @@ def test_hang_times_out(rig: Rig) -> None:
     assert res.returncode == 255 and "timed out" in res.stderr, res.stderr
     with pytest.raises(paramiko.SSHException), connection(rig, "hang", connect_timeout=1) as c:
         c.open()
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 12  # each default (20 s, 15 s) alone is longer
 
 
 def test_rekey_changes_host_key(rig: Rig) -> None:

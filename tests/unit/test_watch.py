@@ -488,7 +488,7 @@ def test_a_dead_watchers_state_is_ignored(project: Path) -> None:
     said: list[str] = []
     started = time.monotonic()
     wait_for_watch(project, "p", 30.0, collect(said))
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # the bound is 30 s
     assert said and "has ended" in said[0]
 
 
