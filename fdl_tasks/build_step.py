@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from pathlib import Path
 
 import attrs
 
 from fdl_tasks.backends.protocol import Backend
 from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_environment import BuildJob
-from fdl_tasks.builder import Builder, JobResult, concurrency, failure_report
+from fdl_tasks.builder import Builder, JobResult, concurrency
 from fdl_tasks.cache import CompileCache, find_cache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
+from fdl_tasks.names import join_path
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
+from fdl_tasks.stamp_files import Stamps
 from fdl_tasks.timings import record_builds
+from fdl_tasks.variants import libtorch_dir
 
 #: What the summary's cache column means, printed under the table when it has counts.
 CACHE_NOTE = (
@@ -51,6 +55,24 @@ def summary_lines(results: Sequence[JobResult]) -> list[str]:
     if any(result.cache for result in results):
         lines.append(CACHE_NOTE)
     return lines
+
+
+def failure_report(result: JobResult, root: str) -> str:
+    """Everything needed to fix one failed build, in one place."""
+    job = result.job
+    lines = [
+        f"build {job.name} for {', '.join(job.hosts)} failed: {result.detail}",
+        f"  exit code:  {result.exit_code if result.exit_code is not None else '-'}",
+        f"  libtorch:   {libtorch_dir(root, job.build.arch)}",
+        f"  target dir: {join_path(root, job.target_dir)}",
+        f"  features:   {','.join(job.build.features) or '(none)'}",
+    ]
+    if (Path(root) / job.log_file).is_file():
+        lines.append(f"  log:        {join_path(root, job.log_file)}")
+    if result.log_tail:
+        lines.append("  last lines of the log:")
+        lines += [f"    {line}" for line in result.log_tail.splitlines()]
+    return "\n".join(lines)
 
 
 def compile_cache(run: Run) -> CompileCache | None:
@@ -83,6 +105,14 @@ def run_backend(run: Run) -> Backend:
     return backend_for(run.cluster, secrets.token_hex(4), compile_cache(run))
 
 
+def build_stamps(run: Run, backend: Backend) -> Stamps | None:
+    """The stamps that let an unchanged build skip cargo (``fdl.skip_unchanged``)."""
+    if run.dry or not run.settings.skip_unchanged:
+        return None
+    cache = [backend.cache.directory] if backend.cache else []
+    return Stamps(run.root, backend.stamp_inputs, excluded=cache)
+
+
 def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[JobResult]:
     """Every build to its end (the backend checked them already), or every command
     printed under ``inv --dry``; raises :class:`FdlError` with every failure."""
@@ -100,6 +130,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
             timeout=settings.build_timeout,
             jobs=at_once,
             board=board,
+            stamps=build_stamps(run, backend),
         )
         if run.dry:
             for job in jobs:

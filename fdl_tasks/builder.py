@@ -32,8 +32,11 @@ from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.layout import MARKER_FILE
 from fdl_tasks.manifests import changed_since
-from fdl_tasks.names import join_path
+from fdl_tasks.stamp_files import Stamps
 from fdl_tasks.variants import libtorch_dir
+
+#: What the board says of a build whose stamp shows nothing changed.
+UNCHANGED = "unchanged since its last build: cargo not started"
 
 
 @attrs.frozen(kw_only=True)
@@ -83,7 +86,8 @@ def _all_warm(jobs: Sequence[BuildJob], root: Path) -> bool:
 class Builder:
     """Runs one prebuild's jobs through the run's backend, collects every result.
 
-    ``jobs`` is how many run at once (:func:`concurrency`).
+    ``jobs`` is how many run at once (:func:`concurrency`); with ``stamps``, a build
+    whose inputs are unchanged since it last succeeded starts no cargo at all.
     """
 
     def __init__(
@@ -95,9 +99,10 @@ class Builder:
         timeout: float,
         jobs: int,
         board: StatusBoard,
+        stamps: Stamps | None = None,
     ) -> None:
         self.c, self.root, self.backend, self.cache = c, root, backend, backend.cache
-        self.timeout, self.jobs, self.board = timeout, jobs, board
+        self.timeout, self.jobs, self.board, self.stamps = timeout, jobs, board, stamps
         self._processes: dict[str, tuple[BuildJob, int]] = {}
         self._lock = threading.Lock()
         #: What a stop or a timeout could not remove, each line with the command that does.
@@ -193,7 +198,10 @@ class Builder:
     def _build(self, job: BuildJob, started: float) -> JobResult:
         self._claim_target_dir(job)
         built = self.root / job.built_binary
-        before = _stamp(built)
+        check = self.stamps.check(job) if self.stamps else None
+        if check and check.fresh:
+            return self._succeeded(job, started, rebuilt=False, skipped=True)
+        before = _size_and_mtime(built)
         log_path = self.root / job.log_file
         with log_path.open("w", encoding="utf-8") as log:
             stream = PrefixedLines(job.name, log, self.board)
@@ -244,6 +252,16 @@ class Builder:
                 exit_code=None if expired.is_set() else exit_code,
                 log_tail=tail,
             )
+        if self.stamps and check:
+            self.stamps.record(job, check)
+        return self._succeeded(job, started, rebuilt=_size_and_mtime(built) != before)
+
+    def _succeeded(
+        self, job: BuildJob, started: float, *, rebuilt: bool, skipped: bool = False
+    ) -> JobResult:
+        """A build that left its binary (``skipped``: cargo was not needed): each own-dir
+        host's copy, the binary's hash."""
+        built = self.root / job.built_binary
         for host in job.hosts:
             destination = self.root / job.host_binary(host)
             if destination != built:
@@ -251,9 +269,10 @@ class Builder:
         return JobResult(
             job=job,
             ok=True,
-            seconds=seconds,
-            cache=read_stats(self.root / job.target_dir) if self.cache else None,
-            rebuilt=_stamp(built) != before,
+            seconds=time.monotonic() - started,
+            detail=UNCHANGED if skipped else "",
+            cache=read_stats(self.root / job.target_dir) if self.cache and not skipped else None,
+            rebuilt=rebuilt,
             sha256=file_sha256(built),
         )
 
@@ -262,7 +281,7 @@ class Builder:
         self._left(self.backend.stop_job(job, process))
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def _size_and_mtime(path: Path) -> tuple[int, int] | None:
     """Size and modification time: cargo rewrites a binary only when it relinks it."""
     try:
         stat = path.stat()
@@ -277,21 +296,3 @@ def _marked_arch(marker: Path) -> object:
         return json.loads(marker.read_text(encoding="utf-8")).get("arch")
     except (OSError, ValueError, AttributeError):
         return None
-
-
-def failure_report(result: JobResult, root: str) -> str:
-    """Everything needed to fix one failed build, in one place."""
-    job = result.job
-    lines = [
-        f"build {job.name} for {', '.join(job.hosts)} failed: {result.detail}",
-        f"  exit code:  {result.exit_code if result.exit_code is not None else '-'}",
-        f"  libtorch:   {libtorch_dir(root, job.build.arch)}",
-        f"  target dir: {join_path(root, job.target_dir)}",
-        f"  features:   {','.join(job.build.features) or '(none)'}",
-    ]
-    if (Path(root) / job.log_file).is_file():
-        lines.append(f"  log:        {join_path(root, job.log_file)}")
-    if result.log_tail:
-        lines.append("  last lines of the log:")
-        lines += [f"    {line}" for line in result.log_tail.splitlines()]
-    return "\n".join(lines)

@@ -57,14 +57,18 @@ class StatusBoard:
     def finished(
         self, name: str, *, ok: bool, seconds: float, detail: str = "", stopped: bool = False
     ) -> None:
-        """A build's end: ok, FAILED with why, or ``stopped`` (by the user: no failure)."""
+        """A build's end: ok (with a note), FAILED with why, or ``stopped`` (by the user:
+        no failure)."""
         with self.lock:
             self.running.pop(name, None)
             if ok:
                 self.done += 1
             elif not stopped:
                 self.failed += 1
-        state = "ok" if ok else "stopped" if stopped else f"FAILED ({detail})"
+        if ok:
+            state = f"ok ({detail})" if detail else "ok"
+        else:
+            state = "stopped" if stopped else f"FAILED ({detail})"
         self.write(f"{self.label}: {name} {state} in {seconds:.1f}s\n")
 
     def _draw(self) -> None:

@@ -31,8 +31,9 @@ def _docker_client() -> Any:
     return docker_sdk.from_env(version="auto", timeout=10)
 
 
-def check_docker(images: Iterable[str], configured: str, source: str) -> None:
-    """Before any build: the daemon answers and every image exists locally."""
+def check_docker(images: Iterable[str], configured: str, source: str) -> dict[str, str]:
+    """Before any build: the daemon answers and every image exists locally; each image's
+    content id (what a build stamp records of its toolchain)."""
     import docker as docker_sdk
 
     try:
@@ -43,11 +44,11 @@ def check_docker(images: Iterable[str], configured: str, source: str) -> None:
             f"the Docker daemon does not answer ({exc}); start it, or remove "
             f"controller.docker from {source} to build with native cargo"
         ) from None
-    missing = []
+    missing, ids = [], {}
     try:
         for image in sorted(set(images)):
             try:
-                client.images.get(image)
+                ids[image] = client.images.get(image).id
             except docker_sdk.errors.ImageNotFound:
                 missing.append(image)
     except docker_sdk.errors.DockerException as exc:
@@ -59,6 +60,7 @@ def check_docker(images: Iterable[str], configured: str, source: str) -> None:
             f"Docker image(s) not found on this machine: {', '.join(missing)} "
             f"({configured}); build or pull them first"
         )
+    return ids
 
 
 def find_compose() -> tuple[str, ...]:

@@ -40,6 +40,7 @@ class Settings:
     shared_builds: Switch = True
     verify: Switch = True
     compile_cache: Switch = True
+    skip_unchanged: Switch = True
     compile_cache_dir: str = "~/.cache/fdl-tasks/sccache"
     compile_cache_size: Size = "10G"
     verify_retries: Count = 3

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from fdl_tasks.backends.containers import ContainerBackend
 from fdl_tasks.build_argv import cargo_argv, container_cache, container_identity, cross_variables
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
+from fdl_tasks.build_stamps import StampInputs
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import check_docker, user_ids
 from fdl_tasks.gpus import Vendor
@@ -35,6 +36,10 @@ def resolve_image(docker: DockerSettings, template: str, arch: Arch) -> str | No
             "set controller.docker.cuda_version in the cluster file (e.g. '12.8')"
         )
     return template.replace(CUDA_VERSION_FIELD, cuda.version).replace(CUDA_TAG_FIELD, cuda.tag)
+
+
+#: The run id in a stamp's build line: the same for every run.
+STAMP_RUN_ID = "stamp"
 
 
 def project_mounts(controller: Controller, docker: DockerSettings) -> list[tuple[str, str | None]]:
@@ -73,7 +78,7 @@ def docker_line(
     ]
     cross = job.build.cross
     env = dict(cross.env) if cross and cross.env is not None else docker.env
-    run_args = cross.run_args if cross and cross.run_args is not None else docker.run_args
+    run_args = job_run_args(job, docker)
     for name, value in {**env, **cross_variables(job.build)}.items():
         argv += ["-e", f"{name}={value}"]
     cargo = cargo_argv(job.build)
@@ -81,6 +86,45 @@ def docker_line(
     network = cache.container_run_args(run_args) if cache else []
     argv += [*run_args, *network, image, *(build if cache else cargo)]
     return shlex.join(argv)
+
+
+def job_run_args(job: BuildJob, docker: DockerSettings) -> tuple[str, ...]:
+    """The user's ``docker run`` arguments for this job: its cross setup's, else docker's."""
+    cross = job.build.cross
+    return tuple(cross.run_args if cross and cross.run_args is not None else docker.run_args)
+
+
+#: ``docker run`` options whose inputs a stamp cannot see (another container's volumes, an
+#: environment file): a build given one always runs cargo.
+UNSEEN_INPUTS = ("--mount", "--volumes-from", "--env-file")
+_VALUED = {"-v": "-v", "--volume": "-v", "-e": "-e", "--env": "-e"}
+
+
+def user_mounts(run_args: Sequence[str]) -> list[tuple[str, str]] | None:
+    """The (container path, controller path) of each bind mount in ``run_args``; ``None``
+    when they give a build an input no stamp can see: a named volume, an option of
+    :data:`UNSEEN_INPUTS`, or a variable taken from the client's environment (``-e NAME``)."""
+    mounts, args = [], list(run_args)
+    while args:
+        arg = args.pop(0)
+        name, equals, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name in UNSEEN_INPUTS:
+            return None
+        short = _VALUED.get(name) or (arg[:2] if arg[:2] in ("-v", "-e") else None)
+        if short is None:
+            continue
+        if not equals and name in _VALUED:
+            value = args.pop(0) if args else ""
+        elif not equals:
+            value = arg[2:]
+        if short == "-e" and "=" not in value:
+            return None
+        if short == "-v":
+            source, _, rest = value.partition(":")
+            if not source.startswith("/") or not rest:
+                return None
+            mounts.append((rest.partition(":")[0], source))
+    return mounts
 
 
 def container_user() -> str | None:
@@ -103,6 +147,8 @@ class DockerRunBackend(ContainerBackend):
         self.controller, self.docker, self.source = controller, controller.docker, source
         self.run_id, self.cache = run_id, cache
         self.user = container_user()
+        #: Each image's content id, as :meth:`check` found it.
+        self.image_ids: dict[str, str] = {}
 
     def toolchain(
         self, arch: Arch, vendor: Vendor, cross: CrossSetup | None
@@ -117,10 +163,25 @@ class DockerRunBackend(ContainerBackend):
         return project_mounts(self.controller, self.docker)
 
     def check(self, environments: Sequence[BuildEnvironment]) -> None:
-        check_docker(
+        self.image_ids |= check_docker(
             [environment.toolchain for environment in environments],
             f"controller.docker.image is {self.docker.image!r}",
             self.source,
+        )
+
+    def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
+        """The image's id and the build line with the run's own names fixed, the mounts;
+        none for a ``--timings`` build (its report comes from cargo) or one given inputs
+        no stamp can see."""
+        image_id = self.image_ids.get(job.build.environment.toolchain)
+        mounts = user_mounts(job_run_args(job, self.docker))
+        if image_id is None or job.build.timings or mounts is None:
+            return None
+        line = docker_line(job, self.controller, self.docker, STAMP_RUN_ID, self.user, self.cache)
+        return StampInputs(
+            f"{image_id} {line}",
+            tuple([*self.mounts(), *mounts]),
+            tuple(source for _, source in mounts),
         )
 
     def build_line(self, job: BuildJob) -> str:

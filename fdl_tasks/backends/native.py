@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fdl_tasks.build_argv import cargo_argv, cross_variables
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
+from fdl_tasks.build_stamps import StampInputs
 from fdl_tasks.cache import CompileCache, stop_server, with_stats
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpus import Vendor
@@ -113,6 +114,10 @@ class NativeBackend:
 
     def build_line(self, job: BuildJob) -> str:
         return native_line(job, self.controller, self.cache, self.run_id)
+
+    def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
+        """None: native cargo reads this machine's toolchain, ``~/.cargo`` and environment."""
+        return None
 
     def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
         """The build's process group (its id is the process's: ``exec setsid``)."""

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
+from fdl_tasks.build_stamps import StampInputs
 from fdl_tasks.cache import CompileCache
 from fdl_tasks.gpus import Vendor
 from fdl_tasks.model import Arch, BuildMode, Controller, CrossSetup
@@ -52,6 +53,11 @@ class Backend(Protocol):
 
     def build_line(self, job: BuildJob) -> str:
         """The job's whole shell command line, every value quoted."""
+
+    def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
+        """What the job's build reads besides the project's files and its variant
+        (:class:`~fdl_tasks.build_stamps.StampInputs`); ``None`` when the mode cannot
+        tell (its builds always run cargo)."""
 
     def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
         """Stop one build now (its timeout expired, or the run is stopping); what could not

@@ -14,6 +14,7 @@ import hashlib
 import os
 import posixpath
 import stat
+from collections.abc import Callable
 
 import attrs
 
@@ -51,8 +52,10 @@ def entry_of(st: os.stat_result) -> Entry:
 class _Look:
     """One look in progress: what it saw so far."""
 
-    def __init__(self, scope: Scope, previous: Snapshot | None, now_ns: int) -> None:
-        self.scope, self.previous, self.now_ns = scope, previous, now_ns
+    def __init__(
+        self, scope: Scope, previous: Snapshot | None, now_ns: int, counts: Callable[[str], bool]
+    ) -> None:
+        self.scope, self.previous, self.now_ns, self.counts = scope, previous, now_ns, counts
         self.libtorch = posixpath.join(scope.root, "libtorch")
         self.entries: dict[str, Entry] = {}
         self.dirs: set[str] = set()
@@ -60,7 +63,7 @@ class _Look:
     def add(self, path: str, st: os.stat_result) -> None:
         new = entry_of(st)
         old = self.previous.entries.get(path) if self.previous else None
-        if needs_digest(old, new, self.now_ns) and self.scope.classify(path) is not None:
+        if needs_digest(old, new, self.now_ns) and self.counts(path):
             new = attrs.evolve(new, digest=digest(path))
         self.entries[path] = new
 
@@ -102,13 +105,20 @@ class _Look:
                     stack.append(path)
 
 
-def scan(plan: WatchPlan, scope: Scope, previous: Snapshot | None, now_ns: int) -> Snapshot:
+def scan(
+    plan: WatchPlan,
+    scope: Scope,
+    previous: Snapshot | None,
+    now_ns: int,
+    counts: Callable[[str], bool] | None = None,
+) -> Snapshot:
     """Every path ``plan`` covers, as it is now; ``now_ns``: the file system's clock.
 
     ``previous`` (the last look) says which files must be read again to settle
-    a racy stat; only files ``scope`` counts are ever read.
+    a racy stat; only files that count are ever read (``counts``; by default
+    those ``scope`` classifies as a change).
     """
-    look = _Look(scope, previous, now_ns)
+    look = _Look(scope, previous, now_ns, counts or (lambda path: scope.classify(path) is not None))
     for tree in plan.recursive:
         look.listing(tree, recursive=True)
     for directory in plan.flat:

@@ -144,6 +144,22 @@ def shared_dirs(rig: RigCluster) -> list[Path]:
     return sorted(p for p in shared.iterdir()) if shared.is_dir() else []
 
 
+def docker_calls(rig: RigCluster, name: str) -> tuple[dict[str, str], Path]:
+    """A ``PATH`` whose ``docker`` writes its arguments to a file, then runs the real one."""
+    shims = rig.root / f"{name}-bin"
+    shims.mkdir(exist_ok=True)
+    calls = rig.root / f"{name}-docker-calls"
+    calls.write_text("")
+    real = shutil.which("docker")
+    (shims / "docker").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
+    (shims / "docker").chmod(0o755)
+    return {"PATH": f"{shims}:{os.environ['PATH']}"}, calls
+
+
+def containers_run(calls: Path) -> int:
+    return sum(1 for line in calls.read_text().splitlines() if line.startswith("run "))
+
+
 def marker_arch(directory: Path) -> str:
     return str(json.loads((directory / ".fdl-build.json").read_text())["arch"])
 
@@ -405,6 +421,58 @@ def test_summary_says_rebuilt_or_up_to_date_with_the_binarys_hash(rig: RigCluste
         assert line == f"{expected_line('ddp-bench', arch)} edited=1"
 
 
+def test_an_unchanged_build_starts_no_container(rig: RigCluster) -> None:
+    """A no-op in docker run mode: each build's stamp shows nothing it read changed, so no
+    container starts; verification and publication still run, and any change (a source,
+    the variant, the binary, --timings, the setting) lets cargo decide again."""
+    path = docker_cluster(rig, "unchanged.yaml")
+    first = prebuild(rig, path)
+    hashes = {h: r["binary"] for h, r in summary(first.stderr, list(ARCHS)).items()}
+    shim, calls = docker_calls(rig, "unchanged")
+    envelope = envelope_path(rig, "ddp-bench")
+    envelope.unlink()  # so that this run's publication is seen
+
+    noop = prebuild(rig, path, **shim)
+    assert containers_run(calls) == 0, calls.read_text()
+    assert noop.stderr.count("ok (unchanged since its last build: cargo not started)") == 3
+    rows = summary(noop.stderr, list(ARCHS))
+    assert {h: r["result"] for h, r in rows.items()} == dict.fromkeys(ARCHS, "up to date")
+    assert {h: r["binary"] for h, r in rows.items()} == hashes
+    assert re.search(r"^verify: 3 host\(s\) verified", noop.stderr, re.M), noop.stderr
+    assert envelope.is_file()
+    for host, arch in ARCHS.items():
+        line = rig.run_on_host(host, str(rig.project), published(rig, "ddp-bench")[host])
+        assert line == expected_line("ddp-bench", arch)
+
+    variant = rig.project / "libtorch" / ARCHS["e2"] / "lib"
+    (variant / "fdl-stamp-test").write_text("a new file in e2's variant")
+    try:
+        prebuild(rig, path, **shim)
+        assert containers_run(calls) == 1, calls.read_text()  # e2's build alone
+    finally:
+        (variant / "fdl-stamp-test").unlink()
+    prebuild(rig, path, **shim)  # the file gone again: e2's build again, the others not
+    assert containers_run(calls) == 2, calls.read_text()
+
+    (rig.project / shared_dirs(rig)[0] / "release/ddp-bench").touch()
+    prebuild(rig, path, **shim)
+    assert containers_run(calls) == 3, calls.read_text()  # the touched binary's build
+    prebuild(rig, path, "ddp-bench", "--timings", **shim)
+    assert containers_run(calls) == 6, calls.read_text()  # cargo's report needs cargo
+    prebuild(rig, path, **shim, INVOKE_FDL_SKIP_UNCHANGED="0")
+    assert containers_run(calls) == 9, calls.read_text()
+
+    main_rs = rig.project / MAIN_RS
+    main_rs.write_text(main_rs.read_text().replace('cuda={cuda}");', 'cuda={cuda} edited=1");'))
+    edited = prebuild(rig, path, **shim)
+    assert containers_run(calls) == 12, calls.read_text()
+    rows = summary(edited.stderr, list(ARCHS))
+    assert {h: r["result"] for h, r in rows.items()} == dict.fromkeys(ARCHS, "rebuilt")
+    for host, arch in ARCHS.items():
+        line = rig.run_on_host(host, str(rig.project), published(rig, "ddp-bench")[host])
+        assert line == f"{expected_line('ddp-bench', arch)} edited=1"
+
+
 def test_native_builds_speak_of_no_containers(rig: RigCluster) -> None:
     """Native cargo starts no container: its start line names none."""
     done = prebuild(rig, cluster(rig, "native.yaml"))
@@ -427,24 +495,10 @@ def test_a_misspelt_command_is_refused_at_once(rig: RigCluster) -> None:
     prebuild(rig, path, "ddp-eval")
     envelopes = {c: envelope_path(rig, c).read_bytes() for c in COMMANDS}
     before = snapshot(rig.project / "target")
-    shims = rig.root / "typo-bin"
-    shims.mkdir(exist_ok=True)
-    calls = rig.root / "typo-docker-calls"
-    calls.write_text("")
-    real = shutil.which("docker")
-    (shims / "docker").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
-    (shims / "docker").chmod(0o755)
+    shim, calls = docker_calls(rig, "typo")
 
     connections = {host.name: connections_seen(rig, host.name) for host in HOSTS}
-    done = inv(
-        rig,
-        "prebuild",
-        "--cmd",
-        "ddp-bnech",
-        "--cluster-file",
-        str(path),
-        PATH=f"{shims}:{os.environ['PATH']}",
-    )
+    done = inv(rig, "prebuild", "--cmd", "ddp-bnech", "--cluster-file", str(path), **shim)
     assert done.returncode == 1
     assert "did you mean 'ddp-bench'?" in done.stderr
     assert done.stderr.startswith("fdl: no binary 'ddp-bnech' in ")

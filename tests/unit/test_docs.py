@@ -49,9 +49,9 @@ CORE: dict[str, Argument] = {
 #: the benchmarks, scripts/demo, dpkg, twine, ruff), each never taken for one of ours.
 OTHER_TOOLS = {
     "--add-architecture", "--bin", "--bridge", "--check", "--crate-type", "--crates",
-    "--epochs", "--features", "--filter", "--hosts", "--keep", "--net", "--network", "--only",
-    "--print", "--privileged", "--quick", "--release", "--reps", "--rm", "--strict", "--target",
-    "--target-dir", "--user", "--window",
+    "--env-file", "--epochs", "--features", "--filter", "--hosts", "--keep", "--mount", "--net",
+    "--network", "--only", "--print", "--privileged", "--quick", "--release", "--reps", "--rm",
+    "--strict", "--target", "--target-dir", "--user", "--window",
 }  # fmt: skip
 
 
