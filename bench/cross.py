@@ -30,7 +30,9 @@ from rig.harness import run_inv
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "cross-results.json"
-_ROW = re.compile(r"^(\S+)\s+(\S+(?: \(\w+\))?)\s+(?:shared by \d+|own)\s+ok\s+([\d.]+)\s")
+_ROW = re.compile(
+    r"^(\S+)\s+(\S+(?: \(\w+\))?)\s+(?:shared by \d+|own)\s+(?:rebuilt|up to date)\s+([\d.]+)\s"
+)
 
 
 def x86_only(work: Path) -> Path:

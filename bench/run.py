@@ -510,7 +510,8 @@ class Bench:
     def bare_command(self, cluster_file: Path) -> str:
         """The exact ``docker run`` (or native cargo) line ``inv --dry prebuild`` prints."""
         dry = self.inv("--dry", "prebuild", "--cmd", CMD, "--cluster-file", str(cluster_file))
-        lines = [text for _, text in dry.lines if text.startswith("[_shared/")]
+        # The build's line, not the probes' (``[host] ssh …``, ``[ctrl] (local) …``).
+        lines = [t for _, t in dry.lines if "] docker run " in t or " && exec setsid " in t]
         if len(lines) != 1:
             raise BenchError(f"expected one build line from inv --dry:\n{dry.stderr}")
         command = lines[0].split("] ", 1)[1]
