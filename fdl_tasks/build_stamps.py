@@ -9,16 +9,19 @@ A stamp, written after a build succeeds, records what that build read:
   and the toolchain's content id (the image's, for ``docker run``). A mode
   that cannot name everything its build reads outside the project gives
   none, and always runs cargo;
-- a look at the project and the variant's libtorch taken *before* cargo
-  started (:mod:`fdl_tasks.watch.snapshot`: nanosecond stat of every file,
-  content digests where a stat is too recent to be trusted);
+- a look taken *before* cargo started (:mod:`fdl_tasks.watch.snapshot`:
+  nanosecond stat of every file, content digests where a stat is too recent
+  to be trusted) at the project, the variant's libtorch, the user's mounts,
+  and whatever the previous build's dep-info and build scripts named;
 - the binary's stat once cargo wrote it.
 
 The binary is up to date when all three are what they are now: the same
-identity, no file added, removed or changed since that look, and the binary
-untouched. That is stricter than cargo's own fingerprint (any file of the
-project counts, not only those cargo tracks), so a skipped build is one cargo
-would have found fresh; a wrong "changed" only costs the container.
+identity, a look that covers no directory the stamp's did not, no file added,
+removed or changed since, and the binary untouched. Any file of the project
+counts, not only those cargo tracks; a wrong "changed" only costs a container.
+What a build reveals as it runs (its first dep-info, a new build script's
+declarations) is covered from the next build on: until a look has seen it, the
+coverage rule keeps the stamp from being fresh.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import attrs
 from fdl_tasks.watch.snapshot import Entry, Snapshot, diff, settled
 
 #: Bumped when what a stamp records changes: an older stamp is then never fresh.
-VERSION = 1
+VERSION = 2
 
 
 @attrs.frozen
@@ -42,13 +45,15 @@ class StampInputs:
     ``identity``: the toolchain's content id and the build line, equal for two runs
     only when cargo would be run the same way; ``mounts``: container path → controller
     path of every mount (``None``: the variant), to find declared paths and dep-info
-    entries on the controller; ``shallow``: the user's own mounts, seen two levels
-    deep (a rustup home's ``update-hashes/``, a cargo home's ``bin/``).
+    entries on the controller; ``walked``: the user's mounts, each looked at whole;
+    ``rustup``: mounted rustup homes (too big to walk), looked at by the files an
+    install or update rewrites.
     """
 
     identity: str
     mounts: tuple[tuple[str, str | None], ...]
-    shallow: tuple[str, ...] = ()
+    walked: tuple[str, ...] = ()
+    rustup: tuple[str, ...] = ()
 
 
 def dep_info_paths(text: str) -> list[str]:
@@ -129,6 +134,12 @@ def up_to_date(
     racy file is compared by content), and the binary as the build left it."""
     if stamp is None or identity is None or binary is None or stamp.identity != identity:
         return False
-    if not stamp.binary.same_stat(binary) or stamp.inputs.trees != now.trees:
+    if not stamp.binary.same_stat(binary) or not covered(now, stamp.inputs):
         return False
     return not diff(stamp.inputs, now)
+
+
+def covered(now: Snapshot, then: Snapshot) -> bool:
+    """Whether ``then`` looked at every tree and directory ``now`` does: what only the
+    later look sees (the dep-info of the stamp's own build, say) was never compared."""
+    return set(now.trees) <= set(then.trees) and now.dirs <= then.dirs

@@ -1,14 +1,15 @@
 """Build stamps on disk: the look at what a build reads, and the stamp file beside its target dir.
 
 Thin I/O over :mod:`fdl_tasks.build_stamps`. A look walks the project as the
-watcher does (``target/``, version control and tool caches skipped) and the
-build's libtorch variant whole. Outside those trees it lists the directories
-of every file the last build's cargo dep-info names (a path dependency in a
-mount) and of every path a build script declared with ``rerun-if-changed``
-(``.git/HEAD``, say), and the user's own mounts two levels deep. The file
-system's clock is read from the target dir's marker, which the build rewrote
-a moment before: on a mount whose clock is not this machine's, "too recent to
-trust" is judged by the mount's own time."""
+watcher does (``target/``, version control and tool caches skipped), the
+build's libtorch variant and each of the user's mounts whole, and the
+directories a build script declared with ``rerun-if-changed`` outside those.
+It lists the directory of every file the last build's cargo dep-info names
+(a path dependency in a mount) or a build script declared (``.git/HEAD``, say),
+and of a mounted rustup home what an install or update rewrites. Paths the
+build saw in its container are mapped back through the most specific mount.
+Where the look cannot see an input (a named path missing, a mount too big to
+walk), there is no stamp and cargo decides."""
 
 from __future__ import annotations
 
@@ -33,12 +34,15 @@ from fdl_tasks.build_stamps import (
 from fdl_tasks.errors import FdlError
 from fdl_tasks.layout import MARKER_FILE
 from fdl_tasks.variants import libtorch_dir
-from fdl_tasks.watch.buildscripts import declared_inputs, host_path, target_dirs
+from fdl_tasks.watch.buildscripts import rerun_declarations, target_dirs
 from fdl_tasks.watch.roots import WatchPlan
 from fdl_tasks.watch.scan import entry_of, scan
 from fdl_tasks.watch.scope import Scope, hidden, under
 from fdl_tasks.watch.snapshot import Entry, Snapshot
-from fdl_tasks.watch.workspace import build_outputs, package_dirs
+from fdl_tasks.watch.workspace import build_outputs, package_dirs, walk_files
+
+#: A user mount holding more files than this is not walked: its builds always run cargo.
+MOUNT_BUDGET = 20_000
 
 
 def stamp_file(root: Path, job: BuildJob) -> Path:
@@ -69,8 +73,10 @@ class Stamps:
         self.root, self.inputs, self.excluded = root, inputs, tuple(excluded)
 
     def check(self, job: BuildJob) -> Check:
-        """Whether ``job``'s binary is up to date; the old stamp is removed when it is not
-        (a build stopped half-way must never leave one claiming its binary)."""
+        """Whether ``job``'s binary is up to date. A stamp that is not is removed before
+        cargo runs, so a build stopped half-way never leaves one claiming its binary.
+        (Without inputs, any old stamp stays: it cannot be fresh while stamps are off,
+        and once they are on again its binary's stat tells a rebuild apart.)"""
         inputs = self.inputs(job)
         if inputs is None:
             return Check(False)
@@ -78,7 +84,7 @@ class Stamps:
         stamp = _read(path)
         look = self.look(job, inputs, stamp.inputs if stamp else None)
         binary = _entry(self.root / job.built_binary)
-        if up_to_date(stamp, inputs.identity, look, binary):
+        if look is not None and up_to_date(stamp, inputs.identity, look, binary):
             return Check(True, look, inputs)
         path.unlink(missing_ok=True)
         return Check(False, look, inputs)
@@ -92,28 +98,98 @@ class Stamps:
         with contextlib.suppress(FdlError):  # no stamp only costs the next no-op a container
             write_atomically(stamp_file(self.root, job), stamp.to_json())
 
-    def look(self, job: BuildJob, inputs: StampInputs, previous: Snapshot | None) -> Snapshot:
-        """The project and the variant whole; the directories of the declared paths and
-        dep-info entries outside them; the user's mounts two levels deep."""
+    def look(
+        self, job: BuildJob, inputs: StampInputs, previous: Snapshot | None
+    ) -> Snapshot | None:
+        """The look at what ``job``'s build reads; ``None`` when something it reads
+        cannot be looked at (then it always runs cargo)."""
         root = posixpath.normpath(str(self.root))
-        trees = (root, libtorch_dir(root, job.build.arch))
-        packages = package_dirs(root)
-        declared, _ = declared_inputs(
-            build_outputs(self.root, target_dirs([job])), packages, inputs.mounts
-        )
-        listed = [host_path(p, inputs.mounts) for p in _dep_info(self.root, job)]
-        flat = {
-            posixpath.dirname(p)
-            for p in [*declared, *(p for p in listed if p)]
-            if hidden(p, root) or not any(under(p, t) for t in trees)
-        }
-        flat |= {d for source in inputs.shallow for d in (source, *_subdirs(source))}
+        try:
+            plan, packages = self.plan(job, inputs, root)
+        except _Unseen:
+            return None
         excluded = {posixpath.join(root, "target"), *self.excluded}
         excluded |= {posixpath.join(d, "target") for dirs in packages.values() for d in dirs}
         scope = Scope(root, "", excluded=tuple(sorted(excluded)))
-        plan = WatchPlan(trees, tuple(sorted(flat)))
         clock = _clock_ns(self.root / job.target_dir)
         return scan(plan, scope, previous, clock, lambda _: True)
+
+    def plan(
+        self, job: BuildJob, inputs: StampInputs, root: str
+    ) -> tuple[WatchPlan, dict[str, list[str]]]:
+        """The trees walked and the directories listed (:class:`_Unseen` when a path the
+        last build named is missing or relative, or a mount is too big to walk)."""
+        packages = package_dirs(root)
+        named = [
+            path
+            for raw in _dep_info(self.root, job)
+            if (path := _controller_path(raw, inputs.mounts)) is not None
+        ]
+        for name, text in build_outputs(self.root, target_dirs([job])):
+            for raw in rerun_declarations(text):
+                if raw.startswith("/"):
+                    named += [p for p in [_controller_path(raw, inputs.mounts)] if p]
+                else:
+                    named += [
+                        posixpath.normpath(posixpath.join(d, raw)) for d in packages.get(name, ())
+                    ]
+        if not all(os.path.exists(path) for path in named):
+            raise _Unseen  # cargo would rerun what depends on it: so does the build
+        trees = {root, libtorch_dir(root, job.build.arch)}
+        trees |= {p for p in named if os.path.isdir(p) and (hidden(p, root) or not under(p, root))}
+        flat = {posixpath.dirname(source) for source in inputs.walked if os.path.isfile(source)}
+        for source in inputs.walked:
+            if not os.path.isfile(source):
+                trees.add(_walkable(source))
+        for home in inputs.rustup:
+            flat |= _rustup_dirs(home)
+        flat |= {
+            posixpath.dirname(p)
+            for p in named
+            if not os.path.isdir(p) and (hidden(p, root) or not any(under(p, t) for t in trees))
+        }
+        flat -= trees
+        return WatchPlan(tuple(sorted(trees)), tuple(sorted(flat))), packages
+
+
+class _Unseen(Exception):
+    """Something the build reads cannot be looked at: no stamp, cargo decides."""
+
+
+def _controller_path(path: str, mounts: Sequence[tuple[str, str | None]]) -> str | None:
+    """``path`` as the build saw it, on the controller: through the most specific mount,
+    as Docker resolves it; ``None`` for the variant (its own tree) and for what only the
+    image holds (its id is in the identity)."""
+    if not path.startswith("/"):
+        raise _Unseen  # a dep-info written relative to a base dir this look does not know
+    for inside, outside in sorted(mounts, key=lambda m: len(m[0]), reverse=True):
+        if under(path, inside):
+            if outside is None:
+                return None
+            return posixpath.normpath(outside + "/" + path[len(inside) :].lstrip("/"))
+    return None
+
+
+def _walkable(source: str) -> str:
+    """A user mount to walk whole: it must exist and hold at most :data:`MOUNT_BUDGET`
+    files (a look costs a stat per file)."""
+    if not os.path.isdir(source):
+        raise _Unseen
+    if sum(1 for _ in walk_files(source, source, MOUNT_BUDGET + 1)) > MOUNT_BUDGET:
+        raise _Unseen
+    return posixpath.normpath(source)
+
+
+def _rustup_dirs(home: str) -> set[str]:
+    """What ``rustup`` rewrites when it installs or updates a toolchain: the home's
+    ``settings.toml``, ``update-hashes/<toolchain>`` and each toolchain's channel
+    manifest (``toolchains/<toolchain>/lib/rustlib/``)."""
+    toolchains = posixpath.join(home, "toolchains")
+    if not os.path.isdir(toolchains):
+        raise _Unseen
+    with os.scandir(toolchains) as found:
+        rustlibs = {posixpath.join(e.path, "lib", "rustlib") for e in found if e.is_dir()}
+    return {home, posixpath.join(home, "update-hashes"), toolchains, *rustlibs}
 
 
 def _dep_info(root: Path, job: BuildJob) -> list[str]:
@@ -122,12 +198,6 @@ def _dep_info(root: Path, job: BuildJob) -> list[str]:
         return dep_info_paths((root / f"{job.built_binary}.d").read_text(encoding="utf-8"))
     except OSError:
         return []
-
-
-def _subdirs(path: str) -> list[str]:
-    with contextlib.suppress(OSError), os.scandir(path) as found:
-        return [e.path for e in found if e.is_dir()]
-    return []
 
 
 def _read(path: Path) -> BuildStamp | None:
@@ -145,9 +215,11 @@ def _entry(path: Path) -> Entry | None:
 
 
 def _clock_ns(target_dir: Path) -> int:
-    """The mount's clock: the time of the marker the build has just rewritten, else this
-    machine's. A moment old, it errs on the safe side (more files look too recent)."""
+    """The file systems' clock: the earlier of this machine's and the time of the marker
+    the build has just rewritten (an earlier clock makes more files too recent to trust,
+    never fewer, whichever mount runs behind)."""
+    now = time.time_ns()
     try:
-        return (target_dir / MARKER_FILE).stat().st_mtime_ns
+        return min(now, (target_dir / MARKER_FILE).stat().st_mtime_ns)
     except OSError:
-        return time.time_ns()
+        return now

@@ -7,7 +7,9 @@ A stop or a timeout removes the build's containers, found by their labels
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import attrs
 
 from fdl_tasks.backends.containers import ContainerBackend
 from fdl_tasks.build_argv import cargo_argv, container_cache, container_identity, cross_variables
@@ -100,15 +102,28 @@ UNSEEN_INPUTS = ("--mount", "--volumes-from", "--env-file")
 _VALUED = {"-v": "-v", "--volume": "-v", "-e": "-e", "--env": "-e"}
 
 
-def user_mounts(run_args: Sequence[str]) -> list[tuple[str, str]] | None:
-    """The (container path, controller path) of each bind mount in ``run_args``; ``None``
-    when they give a build an input no stamp can see: a named volume, an option of
-    :data:`UNSEEN_INPUTS`, or a variable taken from the client's environment (``-e NAME``)."""
-    mounts, args = [], list(run_args)
+@attrs.frozen
+class UserInputs:
+    """What the user's ``run_args`` add: bind mounts (container path, controller path)
+    and variables set with a value."""
+
+    mounts: tuple[tuple[str, str], ...]
+    env: Mapping[str, str]
+
+
+def user_inputs(run_args: Sequence[str]) -> UserInputs | None:
+    """The bind mounts and variables of ``run_args``; ``None`` when they give a build an
+    input no stamp can see: a named volume, an option of :data:`UNSEEN_INPUTS`, a
+    variable taken from the client's environment (``-e NAME``), or short options run
+    together (``-tv``) that this reading does not take apart."""
+    mounts, env, args = [], {}, list(run_args)
     while args:
         arg = args.pop(0)
         name, equals, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
         if name in UNSEEN_INPUTS:
+            return None
+        cluster = arg[:1] == "-" and arg[1:].isalpha() and arg[1:2] not in ("v", "e")
+        if cluster and set(arg[2:]) & {"v", "e"}:
             return None
         short = _VALUED.get(name) or (arg[:2] if arg[:2] in ("-v", "-e") else None)
         if short is None:
@@ -117,14 +132,17 @@ def user_mounts(run_args: Sequence[str]) -> list[tuple[str, str]] | None:
             value = args.pop(0) if args else ""
         elif not equals:
             value = arg[2:]
-        if short == "-e" and "=" not in value:
-            return None
-        if short == "-v":
-            source, _, rest = value.partition(":")
-            if not source.startswith("/") or not rest:
+        if short == "-e":
+            variable, assigned, setting = value.partition("=")
+            if not assigned:
                 return None
-            mounts.append((rest.partition(":")[0], source))
-    return mounts
+            env[variable] = setting
+            continue
+        source, _, rest = value.partition(":")
+        if not source.startswith("/") or not rest:
+            return None
+        mounts.append((rest.partition(":")[0], source))
+    return UserInputs(tuple(mounts), env)
 
 
 def container_user() -> str | None:
@@ -170,18 +188,23 @@ class DockerRunBackend(ContainerBackend):
         )
 
     def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
-        """The image's id and the build line with the run's own names fixed, the mounts;
-        none for a ``--timings`` build (its report comes from cargo) or one given inputs
-        no stamp can see."""
+        """The image's id and the build line with the run's own names fixed, the mounts
+        (a mounted ``RUSTUP_HOME`` apart: too big to walk); none for a ``--timings``
+        build (its report comes from cargo) or one given inputs no stamp can see."""
         image_id = self.image_ids.get(job.build.environment.toolchain)
-        mounts = user_mounts(job_run_args(job, self.docker))
-        if image_id is None or job.build.timings or mounts is None:
+        user = user_inputs(job_run_args(job, self.docker))
+        if image_id is None or job.build.timings or user is None:
             return None
+        cross = job.build.cross
+        env = {**(dict(cross.env) if cross and cross.env is not None else self.docker.env)}
+        rustup = env.get("RUSTUP_HOME") or user.env.get("RUSTUP_HOME")
+        homes = tuple(source for inside, source in user.mounts if inside == rustup)
         line = docker_line(job, self.controller, self.docker, STAMP_RUN_ID, self.user, self.cache)
         return StampInputs(
             f"{image_id} {line}",
-            tuple([*self.mounts(), *mounts]),
-            tuple(source for _, source in mounts),
+            tuple([*self.mounts(), *user.mounts]),
+            tuple(source for _, source in user.mounts if source not in homes),
+            homes,
         )
 
     def build_line(self, job: BuildJob) -> str:

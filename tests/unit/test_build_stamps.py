@@ -1,5 +1,5 @@
 """Build stamps: when a build may skip cargo (pure rules), the look at a real tree, and the
-``docker run`` identity. The rig test (tests/rig/test_stamps.py) runs them through ``inv``."""
+``docker run`` identity. The rig test (tests/rig/test_everyday.py) runs them through ``inv``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from fdl_tasks.backends.docker_run import DockerRunBackend, user_mounts
+from fdl_tasks.backends.docker_run import DockerRunBackend, user_inputs
 from fdl_tasks.build_environment import Build, BuildEnvironment, BuildJob
 from fdl_tasks.build_stamps import (
+    VERSION,
     BuildStamp,
     StampInputs,
     dep_info_paths,
@@ -21,7 +22,7 @@ from fdl_tasks.build_stamps import (
 )
 from fdl_tasks.layout import MARKER_FILE
 from fdl_tasks.model import Controller, DockerSettings
-from fdl_tasks.stamp_files import Stamps, stamp_file
+from fdl_tasks.stamp_files import MOUNT_BUDGET, Stamps, stamp_file
 from fdl_tasks.watch.snapshot import RACY_NS, Entry, Snapshot
 
 S = 1_000_000_000
@@ -57,9 +58,10 @@ def test_nothing_changed_is_up_to_date() -> None:
         look({MAIN: entry(ino=8)}),  # replaced by a rename (an editor's save)
         look({}),  # removed
         look({MAIN: entry(), "/p/src/new.rs": entry(ino=9)}),  # a file added
-        Snapshot({MAIN: entry()}, frozenset({"/p"}), ("/p",), T + 10 * S),  # other trees
+        Snapshot({MAIN: entry()}, frozenset({"/p", "/p/src"}), (*TREES, "/d"), T),  # a new tree
+        Snapshot({MAIN: entry()}, frozenset({"/p", "/p/src", "/e"}), TREES, T),  # a new list
     ],
-    ids=["mtime", "ctime", "inode", "removed", "added", "trees"],
+    ids=["mtime", "ctime", "inode", "removed", "added", "tree", "listed"],
 )
 def test_any_change_of_what_the_build_read_is_not_up_to_date(now: Snapshot) -> None:
     assert not up_to_date(STAMP, "id-1", now, BINARY)
@@ -94,7 +96,7 @@ def test_a_stamp_reads_back_and_anything_else_is_no_stamp() -> None:
     for stamp in (STAMP, racy):
         assert BuildStamp.from_json(stamp.to_json()) == stamp
     text = STAMP.to_json()
-    for bad in ("", "{", "[]", text.replace('"version": 1', '"version": 0'), text[:-9]):
+    for bad in ("", "{", "[]", text.replace(f'"version": {VERSION}', '"version": 0'), text[:-9]):
         assert BuildStamp.from_json(bad) is None
 
 
@@ -104,23 +106,35 @@ def test_a_stamp_reads_back_and_anything_else_is_no_stamp() -> None:
 @pytest.mark.parametrize(
     ("args", "mounts"),
     [
-        ((), []),
-        (("--shm-size", "2g", "--network", "host", "-e", "A=1", "--env=B=2"), []),
-        (("-v", "/data:/in"), [("/in", "/data")]),
-        (("--volume=/r:/opt/r:ro", "-v/c:/opt/c"), [("/opt/r", "/r"), ("/opt/c", "/c")]),
-        (("--volume", "/r:/opt/r"), [("/opt/r", "/r")]),
+        ((), ()),
+        (("--shm-size", "2g", "--network", "host", "-it", "-e", "A=1", "--env=B=2"), ()),
+        (("-v", "/data:/in"), (("/in", "/data"),)),
+        (("--volume=/r:/opt/r:ro", "-v/c:/opt/c"), (("/opt/r", "/r"), ("/opt/c", "/c"))),
+        (("--volume", "/r:/opt/r"), (("/opt/r", "/r"),)),
         (("-v", "cache:/cache"), None),  # a named volume: its content is Docker's
         (("--mount", "type=bind,src=/d,dst=/d"), None),
         (("-e", "TOKEN"), None),  # taken from the client's environment
         (("-eTOKEN",), None),
         (("--env-file", "build.env"), None),
         (("--volumes-from=other",), None),
+        (("-tv", "/a:/b"), None),  # short options run together: not taken apart here
+        (("-te", "TOKEN"), None),
     ],
 )
 def test_the_users_mounts_and_what_no_stamp_can_see(
-    args: tuple[str, ...], mounts: list[tuple[str, str]] | None
+    args: tuple[str, ...], mounts: tuple[tuple[str, str], ...] | None
 ) -> None:
-    assert user_mounts(args) == mounts
+    found = user_inputs(args)
+    assert (found.mounts if found else None) == mounts
+
+
+def test_the_users_variables_are_read() -> None:
+    found = user_inputs(("-e", "A=1", "--env=RUSTUP_HOME=/opt/rustup", "-eB=x=y"))
+    assert found is not None and dict(found.env) == {
+        "A": "1",
+        "RUSTUP_HOME": "/opt/rustup",
+        "B": "x=y",
+    }
 
 
 def test_dep_info_lists_every_file_with_spaces_escaped() -> None:
@@ -162,15 +176,20 @@ def test_the_docker_identity_is_the_image_and_the_line_without_the_run() -> None
     assert identity(first, docker_job(arch="precompiled/cu126")) != found
 
 
-def test_the_docker_inputs_name_every_mount_and_the_users_shallow() -> None:
-    inputs = docker_backend(("-v", "/root/.rustup:/opt/rustup:ro")).stamp_inputs(docker_job())
+def test_the_docker_inputs_name_every_mount_and_a_rustup_home_apart() -> None:
+    args = ("-v", "/root/.rustup:/opt/rustup:ro", "-v", "/root/.cargo:/opt/cargo:ro")
+    backend = docker_backend((*args, "--env=RUSTUP_HOME=/opt/rustup"))
+    inputs = backend.stamp_inputs(docker_job())
     assert inputs is not None
     assert inputs.mounts == (
         ("/workspace", "/p"),
         ("/opt/libtorch", None),
         ("/opt/rustup", "/root/.rustup"),
+        ("/opt/cargo", "/root/.cargo"),
     )
-    assert inputs.shallow == ("/root/.rustup",)
+    assert inputs.walked == ("/root/.cargo",) and inputs.rustup == ("/root/.rustup",)
+    plain = docker_backend(args).stamp_inputs(docker_job())  # no RUSTUP_HOME: walked too
+    assert plain is not None and plain.walked == ("/root/.rustup", "/root/.cargo")
 
 
 def test_no_docker_inputs_without_the_image_id_with_timings_or_unseen_inputs() -> None:
@@ -205,10 +224,13 @@ def project(root: Path) -> BuildJob:
 
 
 def stamps(
-    root: Path, shallow: tuple[str, ...] = (), mounts: dict[str, str] | None = None
+    root: Path,
+    mounts: dict[str, str] | None = None,
+    walked: tuple[str, ...] = (),
+    rustup: tuple[str, ...] = (),
 ) -> Stamps:
     table = (("/workspace", str(root)), ("/opt/libtorch", None), *(mounts or {}).items())
-    inputs = StampInputs("id-1", tuple(table), shallow)
+    inputs = StampInputs("id-1", tuple(table), walked, rustup)
     return Stamps(root, lambda job: inputs)
 
 
@@ -282,6 +304,12 @@ def test_no_identity_never_reads_or_writes_a_stamp(tmp_path: Path) -> None:
     assert not check.fresh and not stamp_file(tmp_path, job).exists()
 
 
+def dep_info(root: Path, job: BuildJob, *paths: str) -> None:
+    """What cargo writes beside the binary: the binary, then every file it depends on."""
+    escaped = " ".join(p.replace(" ", "\\ ") for p in paths)
+    (root / f"{job.built_binary}.d").write_text(f"/workspace/{job.built_binary}: {escaped}\n")
+
+
 def test_a_path_dependency_in_a_mount_counts_through_the_dep_info(tmp_path: Path) -> None:
     """Outside the project, mounted at /deps: the dep-info names its file, in the container's
     view; the look lists that file's directory on the controller."""
@@ -289,28 +317,139 @@ def test_a_path_dependency_in_a_mount_counts_through_the_dep_info(tmp_path: Path
     deps = tmp_path / "shared-lib/src"
     deps.mkdir(parents=True)
     (deps / "lib.rs").write_text("pub fn f() {}\n")
-    (tmp_path / "p" / f"{job.built_binary}.d").write_text(
-        f"/workspace/{job.built_binary}: /workspace/src/main.rs /deps/src/lib.rs\n"
-    )
-    keeper = stamps(tmp_path / "p", mounts={"/deps": str(tmp_path / "shared-lib")})
+    dep_info(tmp_path / "p", job, "/workspace/src/main.rs", "/deps/src/lib.rs")
+    keeper = stamps(tmp_path / "p", {"/deps": str(tmp_path / "shared-lib")})
     built(tmp_path / "p", job, keeper)
     assert keeper.check(job).fresh
     (deps / "lib.rs").write_text("pub fn f() { }\n")
     assert not keeper.check(job).fresh
 
 
-def test_a_users_mount_is_seen_two_levels_deep(tmp_path: Path) -> None:
-    """A rustup home mounted read-only: an update rewrites ``update-hashes/<toolchain>``."""
+def test_what_a_first_build_reveals_is_compared_from_the_next_build_on(tmp_path: Path) -> None:
+    """The look before a first build cannot know the dep-info that build writes: the stamp
+    it leaves covers less than the next look, so it is never fresh."""
+    job = project(tmp_path / "p")
+    deps = tmp_path / "shared-lib/src"
+    deps.mkdir(parents=True)
+    (deps / "lib.rs").write_text("pub fn f() {}\n")
+    keeper = stamps(tmp_path / "p", {"/deps": str(tmp_path / "shared-lib")})
+    check = keeper.check(job)  # before cargo: no dep-info yet
+    dep_info(tmp_path / "p", job, "/workspace/src/main.rs", "/deps/src/lib.rs")  # cargo ran
+    keeper.record(job, check)
+    (deps / "lib.rs").write_text("pub fn f() { }\n")  # never seen by a look before
+    assert not keeper.check(job).fresh
+    built(tmp_path / "p", job, keeper)  # the next build's look covers it
+    assert keeper.check(job).fresh
+
+
+def test_the_most_specific_mount_maps_a_path_back(tmp_path: Path) -> None:
+    """``-v /elsewhere/vendor:/workspace/vendor``: Docker serves that path from the vendor
+    mount, not the project's, and so does the look."""
+    job = project(tmp_path / "p")
+    vendor = tmp_path / "vendor-src/dep/src"
+    vendor.mkdir(parents=True)
+    (vendor / "lib.rs").write_text("pub fn g() {}\n")
+    dep_info(tmp_path / "p", job, "/workspace/src/main.rs", "/workspace/vendor/dep/src/lib.rs")
+    keeper = stamps(tmp_path / "p", {"/workspace/vendor": str(tmp_path / "vendor-src")})
+    built(tmp_path / "p", job, keeper)
+    assert keeper.check(job).fresh
+    (vendor / "lib.rs").write_text("pub fn g() { }\n")
+    assert not keeper.check(job).fresh
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        "/workspace/src/shared/lib.rs",  # through a link that dangles on the controller
+        "/deps/gone.rs",  # a mounted file that is not there
+        "src/relative.rs",  # dep-info written relative to a base dir
+    ],
+)
+def test_a_named_file_the_look_cannot_find_is_never_fresh(tmp_path: Path, named: str) -> None:
+    job = project(tmp_path / "p")
+    (tmp_path / "p/src/shared").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "deps").mkdir()
+    dep_info(tmp_path / "p", job, "/workspace/src/main.rs", named)
+    keeper = stamps(tmp_path / "p", {"/deps": str(tmp_path / "deps")})
+    built(tmp_path / "p", job, keeper)
+    assert not keeper.check(job).fresh
+    assert not stamp_file(tmp_path / "p", job).exists()
+
+
+def test_a_declared_directory_is_walked_whole(tmp_path: Path) -> None:
+    """``rerun-if-changed=/protos`` (mounted): cargo looks inside it, at any depth."""
+    job = project(tmp_path / "p")
+    protos = tmp_path / "protos/a/b"
+    protos.mkdir(parents=True)
+    (protos / "x.proto").write_text("message X {}\n")
+    output = tmp_path / "p" / job.target_dir / "release/build/ddp-bench-0123/output"
+    output.parent.mkdir(parents=True)
+    output.write_text("cargo:rerun-if-changed=/protos\n")
+    keeper = stamps(tmp_path / "p", {"/protos": str(tmp_path / "protos")})
+    built(tmp_path / "p", job, keeper)
+    assert keeper.check(job).fresh
+    (protos / "x.proto").write_text("message Y {}\n")
+    assert not keeper.check(job).fresh
+
+
+def test_a_mounted_file_and_a_mounted_tree_count(tmp_path: Path) -> None:
+    job = project(tmp_path / "p")
+    config = tmp_path / "home/config.toml"
+    tree = tmp_path / "tools/a/b/c"
+    tree.mkdir(parents=True)
+    config.parent.mkdir()
+    config.write_text("[build]\n")
+    (tree / "deep.txt").write_text("1")
+    walked = (str(config), str(tmp_path / "tools"))
+    keeper = stamps(tmp_path / "p", walked=walked)
+    built(tmp_path / "p", job, keeper)
+    assert keeper.check(job).fresh
+    config.write_text("[build]\nrustflags = ['-Ctarget-cpu=native']\n")
+    assert not keeper.check(job).fresh
+    built(tmp_path / "p", job, keeper)
+    (tree / "deep.txt").write_text("2")  # four levels down
+    assert not keeper.check(job).fresh
+
+
+def test_a_mount_too_big_to_walk_means_no_stamp(tmp_path: Path) -> None:
+    job = project(tmp_path / "p")
+    big = tmp_path / "big"
+    big.mkdir()
+    for n in range(MOUNT_BUDGET + 1):
+        (big / str(n)).touch()
+    keeper = stamps(tmp_path / "p", walked=(str(big),))
+    built(tmp_path / "p", job, keeper)
+    assert not keeper.check(job).fresh and not stamp_file(tmp_path / "p", job).exists()
+
+
+def test_a_rustup_home_is_seen_by_what_an_update_rewrites(tmp_path: Path) -> None:
     job = project(tmp_path / "p")
     rustup = tmp_path / "rustup"
     (rustup / "update-hashes").mkdir(parents=True)
     (rustup / "update-hashes/stable").write_text("aaa")
-    (rustup / "toolchains/stable/lib/rustlib").mkdir(parents=True)
-    keeper = stamps(tmp_path / "p", (str(rustup),), {"/opt/rustup": str(rustup)})
+    rustlib = rustup / "toolchains/stable/lib/rustlib"
+    rustlib.mkdir(parents=True)
+    (rustlib / "multirust-channel-manifest.toml").write_text("date = 1")
+    keeper = stamps(tmp_path / "p", rustup=(str(rustup),))
     built(tmp_path / "p", job, keeper)
     assert keeper.check(job).fresh
     (rustup / "update-hashes/stable").write_text("bbb")
     assert not keeper.check(job).fresh
     built(tmp_path / "p", job, keeper)
-    (rustup / "toolchains/nightly").mkdir()
+    (rustlib / "multirust-channel-manifest.toml").write_text("date = 2")
     assert not keeper.check(job).fresh
+    built(tmp_path / "p", job, keeper)
+    (rustup / "toolchains/nightly/lib/rustlib").mkdir(parents=True)  # a new toolchain
+    assert not keeper.check(job).fresh
+
+
+def test_the_look_takes_the_earlier_clock(tmp_path: Path) -> None:
+    """A target mount whose clock runs ahead must not make other files look settled."""
+    job = project(tmp_path)
+    marker = tmp_path / job.target_dir / MARKER_FILE
+    ahead = time.time_ns() + 3600 * S
+    os.utime(marker, ns=(ahead, ahead))
+    main = tmp_path / "src/main.rs"
+    main.write_text("fn main() {1}\n")  # just now: racy by this machine's clock
+    look = stamps(tmp_path).check(job).look
+    assert look is not None and look.entries[str(main)].digest is not None

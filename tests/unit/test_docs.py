@@ -51,7 +51,7 @@ OTHER_TOOLS = {
     "--add-architecture", "--bin", "--bridge", "--check", "--crate-type", "--crates",
     "--env-file", "--epochs", "--features", "--filter", "--hosts", "--keep", "--mount", "--net",
     "--network", "--only", "--print", "--privileged", "--quick", "--release", "--reps", "--rm",
-    "--strict", "--target", "--target-dir", "--user", "--window",
+    "--strict", "--target", "--target-dir", "--user", "--volumes-from", "--window",
 }  # fmt: skip
 
 
