@@ -37,7 +37,7 @@ from fdl_tasks.variants import libtorch_dir
 from fdl_tasks.watch.buildscripts import rerun_declarations, target_dirs
 from fdl_tasks.watch.roots import WatchPlan
 from fdl_tasks.watch.scan import entry_of, scan
-from fdl_tasks.watch.scope import Scope, hidden, under
+from fdl_tasks.watch.scope import Scope, under
 from fdl_tasks.watch.snapshot import Entry, Snapshot
 from fdl_tasks.watch.workspace import build_outputs, package_dirs, walk_files
 
@@ -105,21 +105,32 @@ class Stamps:
         cannot be looked at (then it always runs cargo)."""
         root = posixpath.normpath(str(self.root))
         try:
-            plan, packages = self.plan(job, inputs, root)
-        except _Unseen:
+            plan, packages, named = self.plan(job, inputs, root)
+            excluded = {posixpath.join(root, "target"), *self.excluded}
+            excluded |= {posixpath.join(d, "target") for dirs in packages.values() for d in dirs}
+            scope = Scope(root, "", excluded=tuple(sorted(excluded)))
+            clock = _clock_ns(self.root / job.target_dir)
+            snapshot = scan(plan, scope, previous, clock, lambda _: True)
+        except (_Unseen, OSError):
             return None
-        excluded = {posixpath.join(root, "target"), *self.excluded}
-        excluded |= {posixpath.join(d, "target") for dirs in packages.values() for d in dirs}
-        scope = Scope(root, "", excluded=tuple(sorted(excluded)))
-        clock = _clock_ns(self.root / job.target_dir)
-        return scan(plan, scope, previous, clock, lambda _: True)
+        # Every file the build named must be in the look: one in a directory that could not
+        # be listed, or gone meanwhile, would never be compared.
+        seen = all(
+            (p in snapshot.dirs) if p in plan.recursive else (p in snapshot.entries) for p in named
+        )
+        return snapshot if seen else None
 
     def plan(
         self, job: BuildJob, inputs: StampInputs, root: str
-    ) -> tuple[WatchPlan, dict[str, list[str]]]:
-        """The trees walked and the directories listed (:class:`_Unseen` when a path the
-        last build named is missing or relative, or a mount is too big to walk)."""
+    ) -> tuple[WatchPlan, dict[str, list[str]], list[str]]:
+        """The trees walked, the directories listed, the packages, and the paths the last
+        build named (:class:`_Unseen` when one is missing or relative, or a mount is too
+        big to walk)."""
         packages = package_dirs(root)
+        mounted = [_walkable(source) for source in inputs.walked if not os.path.isfile(source)]
+        for tree in mounted:  # a path dependency mounted from outside the project
+            for name, dirs in package_dirs(tree).items():
+                packages.setdefault(name, []).extend(dirs)
         named = [
             path
             for raw in _dep_info(self.root, job)
@@ -136,20 +147,14 @@ class Stamps:
         if not all(os.path.exists(path) for path in named):
             raise _Unseen  # cargo would rerun what depends on it: so does the build
         trees = {root, libtorch_dir(root, job.build.arch)}
-        trees |= {p for p in named if os.path.isdir(p) and (hidden(p, root) or not under(p, root))}
+        trees |= {p for p in named if os.path.isdir(p)}  # cargo looks inside, at any depth
+        trees |= set(mounted)
         flat = {posixpath.dirname(source) for source in inputs.walked if os.path.isfile(source)}
-        for source in inputs.walked:
-            if not os.path.isfile(source):
-                trees.add(_walkable(source))
         for home in inputs.rustup:
             flat |= _rustup_dirs(home)
-        flat |= {
-            posixpath.dirname(p)
-            for p in named
-            if not os.path.isdir(p) and (hidden(p, root) or not any(under(p, t) for t in trees))
-        }
-        flat -= trees
-        return WatchPlan(tuple(sorted(trees)), tuple(sorted(flat))), packages
+        # Listed even inside a tree: a walk skips hidden and tool directories.
+        flat |= {posixpath.dirname(p) for p in named if not os.path.isdir(p)}
+        return WatchPlan(tuple(sorted(trees)), tuple(sorted(flat - trees))), packages, named
 
 
 class _Unseen(Exception):
@@ -187,8 +192,11 @@ def _rustup_dirs(home: str) -> set[str]:
     toolchains = posixpath.join(home, "toolchains")
     if not os.path.isdir(toolchains):
         raise _Unseen
-    with os.scandir(toolchains) as found:
-        rustlibs = {posixpath.join(e.path, "lib", "rustlib") for e in found if e.is_dir()}
+    try:
+        with os.scandir(toolchains) as found:
+            rustlibs = {posixpath.join(e.path, "lib", "rustlib") for e in found if e.is_dir()}
+    except OSError:
+        raise _Unseen from None
     return {home, posixpath.join(home, "update-hashes"), toolchains, *rustlibs}
 
 
@@ -196,14 +204,16 @@ def _dep_info(root: Path, job: BuildJob) -> list[str]:
     """What cargo's dep-info of the last build lists (none before a first build)."""
     try:
         return dep_info_paths((root / f"{job.built_binary}.d").read_text(encoding="utf-8"))
-    except OSError:
+    except FileNotFoundError:
         return []
+    except (OSError, ValueError):
+        raise _Unseen from None  # unreadable or torn: what it names is unknown
 
 
 def _read(path: Path) -> BuildStamp | None:
     try:
         return BuildStamp.from_json(path.read_text(encoding="utf-8"))
-    except OSError:
+    except (OSError, ValueError):  # not UTF-8 either: no stamp, a build
         return None
 
 
@@ -217,7 +227,7 @@ def _entry(path: Path) -> Entry | None:
 def _clock_ns(target_dir: Path) -> int:
     """The file systems' clock: the earlier of this machine's and the time of the marker
     the build has just rewritten (an earlier clock makes more files too recent to trust,
-    never fewer, whichever mount runs behind)."""
+    never fewer). A mount of another server whose clock runs behind both is not known."""
     now = time.time_ns()
     try:
         return min(now, (target_dir / MARKER_FILE).stat().st_mtime_ns)

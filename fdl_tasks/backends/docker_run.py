@@ -122,8 +122,8 @@ def user_inputs(run_args: Sequence[str]) -> UserInputs | None:
         name, equals, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
         if name in UNSEEN_INPUTS:
             return None
-        cluster = arg[:1] == "-" and arg[1:].isalpha() and arg[1:2] not in ("v", "e")
-        if cluster and set(arg[2:]) & {"v", "e"}:
+        cluster = arg[:1] == "-" and arg[1:2] not in ("-", "v", "e") and len(arg) > 2
+        if cluster and set(arg[2:]) & {"v", "e"}:  # -tv/a:/b is -t -v /a:/b to Docker
             return None
         short = _VALUED.get(name) or (arg[:2] if arg[:2] in ("-v", "-e") else None)
         if short is None:

@@ -119,6 +119,8 @@ def test_a_stamp_reads_back_and_anything_else_is_no_stamp() -> None:
         (("--volumes-from=other",), None),
         (("-tv", "/a:/b"), None),  # short options run together: not taken apart here
         (("-te", "TOKEN"), None),
+        (("-tv/host:/src",), None),  # -t -v /host:/src to Docker
+        (("-teHTTP_PROXY",), None),
     ],
 )
 def test_the_users_mounts_and_what_no_stamp_can_see(
@@ -453,3 +455,76 @@ def test_the_look_takes_the_earlier_clock(tmp_path: Path) -> None:
     main.write_text("fn main() {1}\n")  # just now: racy by this machine's clock
     look = stamps(tmp_path).check(job).look
     assert look is not None and look.entries[str(main)].digest is not None
+
+
+def test_a_named_file_in_a_hidden_directory_of_a_mount_counts(tmp_path: Path) -> None:
+    """``rerun-if-changed=/deps/foo/.git/HEAD``: the mount's walk skips ``.git``, the
+    named file's directory is listed all the same."""
+    job = project(tmp_path / "p")
+    git = tmp_path / "deps/foo/.git"
+    git.mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    output = tmp_path / "p" / job.target_dir / "release/build/foo-0123/output"
+    output.parent.mkdir(parents=True)
+    output.write_text("cargo:rerun-if-changed=/deps/foo/.git/HEAD\n")
+    keeper = stamps(tmp_path / "p", {"/deps": str(tmp_path / "deps")}, (str(tmp_path / "deps"),))
+    built(tmp_path / "p", job, keeper)
+    assert keeper.check(job).fresh
+    (git / "HEAD").write_text("ref: refs/heads/next\n")
+    assert not keeper.check(job).fresh
+
+
+def test_a_mounted_packages_relative_declaration_counts(tmp_path: Path) -> None:
+    """A path dependency mounted from outside the project declares ``build.txt``, relative
+    to its own package directory."""
+    job = project(tmp_path / "p")
+    foo = tmp_path / "deps/foo"
+    foo.mkdir(parents=True)
+    (foo / "Cargo.toml").write_text('[package]\nname = "foo"\nversion = "0.1.0"\n')
+    (foo / ".cfg").mkdir()
+    (foo / ".cfg/build.txt").write_text("1")
+    output = tmp_path / "p" / job.target_dir / "release/build/foo-0123/output"
+    output.parent.mkdir(parents=True)
+    output.write_text("cargo:rerun-if-changed=.cfg/build.txt\n")
+    keeper = stamps(tmp_path / "p", {"/deps": str(tmp_path / "deps")}, (str(tmp_path / "deps"),))
+    built(tmp_path / "p", job, keeper)
+    assert keeper.check(job).fresh
+    (foo / ".cfg/build.txt").write_text("2")
+    assert not keeper.check(job).fresh
+    (foo / ".cfg/build.txt").unlink()  # cargo reruns on a missing declaration every time
+    built(tmp_path / "p", job, keeper)
+    assert not keeper.check(job).fresh
+
+
+def test_torn_or_foreign_files_are_no_stamp_and_no_crash(tmp_path: Path) -> None:
+    job = project(tmp_path)
+    built(tmp_path, job)
+    stamp_file(tmp_path, job).write_bytes(b"\xff\xfe not utf-8")
+    assert not stamps(tmp_path).check(job).fresh
+    (tmp_path / f"{job.built_binary}.d").write_bytes(b"\xff\xfe: \xfe")
+    built(tmp_path, job)
+    assert not stamps(tmp_path).check(job).fresh and not stamp_file(tmp_path, job).exists()
+
+
+def test_a_named_file_whose_directory_cannot_be_listed_is_never_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root every directory can be listed, so the refusal is simulated: the listing of
+    the named file's directory fails (a mode 0711 directory to another user, a race)."""
+    job = project(tmp_path / "p")
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    (deps / "lib.rs").write_text("pub fn f() {}\n")
+    dep_info(tmp_path / "p", job, "/workspace/src/main.rs", "/deps/lib.rs")
+    keeper = stamps(tmp_path / "p", {"/deps": str(deps)})
+    built(tmp_path / "p", job, keeper)
+    assert keeper.check(job).fresh
+    real = os.scandir
+
+    def refusing(path: str) -> object:
+        if path == str(deps):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr("fdl_tasks.watch.scan.os.scandir", refusing)
+    assert not keeper.check(job).fresh
