@@ -234,7 +234,8 @@ class Builder:
         if expired.is_set():
             problem = f"timed out after {self.timeout:g}s"
         elif exit_code != 0:
-            problem = f"cargo exited {exit_code}"
+            said = self.backend.exit_problem(exit_code, log_tail(log_path))
+            problem = said or f"cargo exited {exit_code}"
             signal_name = {128 + 9: "SIGKILL", 128 + 15: "SIGTERM"}.get(exit_code)
             if signal_name:
                 problem += f" (killed by {signal_name}: {self.backend.killers})"

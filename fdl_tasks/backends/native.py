@@ -115,6 +115,10 @@ class NativeBackend:
     def build_line(self, job: BuildJob) -> str:
         return native_line(job, self.controller, self.cache, self.run_id)
 
+    def exit_problem(self, exit_code: int, log_tail: str) -> str | None:
+        """None: a native build's exit code is cargo's own."""
+        return None
+
     def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
         """None: native cargo reads this machine's toolchain, ``~/.cargo`` and environment."""
         return None

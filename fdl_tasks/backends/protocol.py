@@ -54,6 +54,10 @@ class Backend(Protocol):
     def build_line(self, job: BuildJob) -> str:
         """The job's whole shell command line, every value quoted."""
 
+    def exit_problem(self, exit_code: int, log_tail: str) -> str | None:
+        """A build's non-zero exit said as the mode's tool's own failure (the docker
+        client's exit 125), or ``None`` when the exit code is cargo's."""
+
     def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
         """What the job's build reads besides the project's files and its variant
         (:class:`~fdl_tasks.build_stamps.StampInputs`); ``None`` when the mode cannot

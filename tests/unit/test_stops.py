@@ -1,6 +1,7 @@
 """What a stop could not stop is named, with the command that does: a native build's
 process group (real processes: the group is root's, the stopping process is ``nobody``'s),
-and the containers of a daemon that does not answer."""
+and the containers of a daemon that does not answer; a docker client's own failure is said
+as docker's, not cargo's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+
+from fdl_tasks.backends.containers import docker_exit_problem
 
 SCRIPT = """
 import sys, types
@@ -59,3 +62,18 @@ def test_a_daemon_that_cannot_list_the_containers_is_named(
         "remove them with docker rm -f $(docker ps -aq --filter label=fdl-tasks.run=ab12 "
         "--filter label='fdl-tasks.job=node b')"
     )
+
+
+def test_the_docker_clients_own_exit_is_not_called_cargos() -> None:
+    lost = "   Compiling x v0.1.0\ndocker: error waiting for container: unexpected EOF\n"
+    assert docker_exit_problem(125, lost) == (
+        "docker exited 125 (the Docker daemon went away while the build ran: "
+        "docker: error waiting for container: unexpected EOF)"
+    )
+    refused = "docker: Error response from daemon: no such image: x.\n"
+    assert docker_exit_problem(125, refused) == (
+        "docker exited 125 (docker could not run the build: "
+        "docker: Error response from daemon: no such image: x.)"
+    )
+    assert docker_exit_problem(101, lost) is None  # cargo's own failure
+    assert docker_exit_problem(137, lost) is None  # the container killed: said by signal
