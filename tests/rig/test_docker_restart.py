@@ -87,11 +87,16 @@ def test_daemon_restarted_while_builds_run(rig: RigCluster, dockerd: PrivateDock
     )
     for host in archs:
         assert f" for {host} failed: " in paragraph
-    # The docker client reports its container killed (137), or loses the daemon first and
-    # exits 125 itself ("error waiting for container: unexpected EOF", moby/moby#27987):
-    # which one is a race of the daemon's shutdown. Both name the daemon.
+    # The docker client reports its container killed (137; 143 if it ended on the daemon's
+    # SIGTERM), or loses the daemon first and exits 125 itself ("error waiting for
+    # container: unexpected EOF", moby/moby#27987): a race of the daemon's shutdown. Each
+    # names the daemon. Run 18 of the loop saw one build of three end otherwise than 137.
     failed = [line for line in paragraph.splitlines() if line.startswith("build ")]
-    daemon = ("cargo exited 137 (killed by SIGKILL: ", "docker exited 125 (the Docker daemon went")
+    daemon = (
+        "cargo exited 137 (killed by SIGKILL: ",
+        "cargo exited 143 (killed by SIGTERM: ",
+        "docker exited 125 (the Docker daemon went",
+    )
     assert len(failed) == 3 and all(any(d in line for d in daemon) for line in failed), paragraph
     assert "Docker daemon" in paragraph
     assert not (rig.project / ENVELOPE).exists()
