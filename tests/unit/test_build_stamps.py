@@ -275,9 +275,7 @@ def test_the_variant_and_any_project_file_count(tmp_path: Path, change: str) -> 
 def test_a_declared_path_under_git_counts(tmp_path: Path) -> None:
     """``.git`` is never walked, but a build script's ``rerun-if-changed=.git/HEAD`` is."""
     job = project(tmp_path)
-    output = tmp_path / job.target_dir / "release/build/ddp-bench-0123/output"
-    output.parent.mkdir(parents=True)
-    output.write_text("cargo:rerun-if-changed=.git/HEAD\n")
+    build_output(tmp_path, job, "ddp-bench-0123", "cargo:rerun-if-changed=.git/HEAD\n")
     built(tmp_path, job)
     (tmp_path / ".git/config").write_text("[core]\n")  # beside it: not declared, yet listed
     assert not stamps(tmp_path).check(job).fresh
@@ -306,24 +304,40 @@ def test_no_identity_never_reads_or_writes_a_stamp(tmp_path: Path) -> None:
     assert not check.fresh and not stamp_file(tmp_path, job).exists()
 
 
+def build_output(root: Path, job: BuildJob, unit: str, text: str) -> None:
+    """What a build script printed, where cargo keeps it (``release/build/<unit>/output``)."""
+    output = root / job.target_dir / "release/build" / unit / "output"
+    output.parent.mkdir(parents=True)
+    output.write_text(text)
+
+
 def dep_info(root: Path, job: BuildJob, *paths: str) -> None:
     """What cargo writes beside the binary: the binary, then every file it depends on."""
     escaped = " ".join(p.replace(" ", "\\ ") for p in paths)
     (root / f"{job.built_binary}.d").write_text(f"/workspace/{job.built_binary}: {escaped}\n")
 
 
-def test_a_path_dependency_in_a_mount_counts_through_the_dep_info(tmp_path: Path) -> None:
-    """Outside the project, mounted at /deps: the dep-info names its file, in the container's
-    view; the look lists that file's directory on the controller."""
+@pytest.mark.parametrize(
+    ("mount", "named"),
+    [
+        ("/deps", "/deps/dep/src/lib.rs"),  # a path dependency mounted outside the project
+        # -v /elsewhere:/workspace/vendor: Docker serves the path from the most specific
+        # mount, not the project's, and so does the look
+        ("/workspace/vendor", "/workspace/vendor/dep/src/lib.rs"),
+    ],
+)
+def test_a_mounted_file_the_dep_info_names_counts(tmp_path: Path, mount: str, named: str) -> None:
+    """The dep-info names the file in the container's view; the look lists its directory
+    on the controller."""
     job = project(tmp_path / "p")
-    deps = tmp_path / "shared-lib/src"
-    deps.mkdir(parents=True)
-    (deps / "lib.rs").write_text("pub fn f() {}\n")
-    dep_info(tmp_path / "p", job, "/workspace/src/main.rs", "/deps/src/lib.rs")
-    keeper = stamps(tmp_path / "p", {"/deps": str(tmp_path / "shared-lib")})
+    source = tmp_path / "elsewhere/dep/src"
+    source.mkdir(parents=True)
+    (source / "lib.rs").write_text("pub fn f() {}\n")
+    dep_info(tmp_path / "p", job, "/workspace/src/main.rs", named)
+    keeper = stamps(tmp_path / "p", {mount: str(tmp_path / "elsewhere")})
     built(tmp_path / "p", job, keeper)
     assert keeper.check(job).fresh
-    (deps / "lib.rs").write_text("pub fn f() { }\n")
+    (source / "lib.rs").write_text("pub fn f() { }\n")
     assert not keeper.check(job).fresh
 
 
@@ -342,21 +356,6 @@ def test_what_a_first_build_reveals_is_compared_from_the_next_build_on(tmp_path:
     assert not keeper.check(job).fresh
     built(tmp_path / "p", job, keeper)  # the next build's look covers it
     assert keeper.check(job).fresh
-
-
-def test_the_most_specific_mount_maps_a_path_back(tmp_path: Path) -> None:
-    """``-v /elsewhere/vendor:/workspace/vendor``: Docker serves that path from the vendor
-    mount, not the project's, and so does the look."""
-    job = project(tmp_path / "p")
-    vendor = tmp_path / "vendor-src/dep/src"
-    vendor.mkdir(parents=True)
-    (vendor / "lib.rs").write_text("pub fn g() {}\n")
-    dep_info(tmp_path / "p", job, "/workspace/src/main.rs", "/workspace/vendor/dep/src/lib.rs")
-    keeper = stamps(tmp_path / "p", {"/workspace/vendor": str(tmp_path / "vendor-src")})
-    built(tmp_path / "p", job, keeper)
-    assert keeper.check(job).fresh
-    (vendor / "lib.rs").write_text("pub fn g() { }\n")
-    assert not keeper.check(job).fresh
 
 
 @pytest.mark.parametrize(
@@ -384,9 +383,7 @@ def test_a_declared_directory_is_walked_whole(tmp_path: Path) -> None:
     protos = tmp_path / "protos/a/b"
     protos.mkdir(parents=True)
     (protos / "x.proto").write_text("message X {}\n")
-    output = tmp_path / "p" / job.target_dir / "release/build/ddp-bench-0123/output"
-    output.parent.mkdir(parents=True)
-    output.write_text("cargo:rerun-if-changed=/protos\n")
+    build_output(tmp_path / "p", job, "ddp-bench-0123", "cargo:rerun-if-changed=/protos\n")
     keeper = stamps(tmp_path / "p", {"/protos": str(tmp_path / "protos")})
     built(tmp_path / "p", job, keeper)
     assert keeper.check(job).fresh
@@ -457,41 +454,28 @@ def test_the_look_takes_the_earlier_clock(tmp_path: Path) -> None:
     assert look is not None and look.entries[str(main)].digest is not None
 
 
-def test_a_named_file_in_a_hidden_directory_of_a_mount_counts(tmp_path: Path) -> None:
-    """``rerun-if-changed=/deps/foo/.git/HEAD``: the mount's walk skips ``.git``, the
-    named file's directory is listed all the same."""
-    job = project(tmp_path / "p")
-    git = tmp_path / "deps/foo/.git"
-    git.mkdir(parents=True)
-    (git / "HEAD").write_text("ref: refs/heads/main\n")
-    output = tmp_path / "p" / job.target_dir / "release/build/foo-0123/output"
-    output.parent.mkdir(parents=True)
-    output.write_text("cargo:rerun-if-changed=/deps/foo/.git/HEAD\n")
-    keeper = stamps(tmp_path / "p", {"/deps": str(tmp_path / "deps")}, (str(tmp_path / "deps"),))
-    built(tmp_path / "p", job, keeper)
-    assert keeper.check(job).fresh
-    (git / "HEAD").write_text("ref: refs/heads/next\n")
-    assert not keeper.check(job).fresh
-
-
-def test_a_mounted_packages_relative_declaration_counts(tmp_path: Path) -> None:
-    """A path dependency mounted from outside the project declares ``build.txt``, relative
-    to its own package directory."""
+@pytest.mark.parametrize(
+    ("declared", "file"),
+    [
+        ("/deps/foo/.git/HEAD", ".git/HEAD"),  # the mount's walk skips .git: listed anyway
+        (".cfg/build.txt", ".cfg/build.txt"),  # relative to the mounted package's directory
+    ],
+)
+def test_a_mounted_packages_declaration_counts(tmp_path: Path, declared: str, file: str) -> None:
+    """A path dependency ``foo`` mounted from outside the project; its build script declares
+    a file inside a hidden directory."""
     job = project(tmp_path / "p")
     foo = tmp_path / "deps/foo"
-    foo.mkdir(parents=True)
+    (foo / file).parent.mkdir(parents=True)
     (foo / "Cargo.toml").write_text('[package]\nname = "foo"\nversion = "0.1.0"\n')
-    (foo / ".cfg").mkdir()
-    (foo / ".cfg/build.txt").write_text("1")
-    output = tmp_path / "p" / job.target_dir / "release/build/foo-0123/output"
-    output.parent.mkdir(parents=True)
-    output.write_text("cargo:rerun-if-changed=.cfg/build.txt\n")
+    (foo / file).write_text("1")
+    build_output(tmp_path / "p", job, "foo-0123", f"cargo:rerun-if-changed={declared}\n")
     keeper = stamps(tmp_path / "p", {"/deps": str(tmp_path / "deps")}, (str(tmp_path / "deps"),))
     built(tmp_path / "p", job, keeper)
     assert keeper.check(job).fresh
-    (foo / ".cfg/build.txt").write_text("2")
+    (foo / file).write_text("2")
     assert not keeper.check(job).fresh
-    (foo / ".cfg/build.txt").unlink()  # cargo reruns on a missing declaration every time
+    (foo / file).unlink()  # cargo reruns on a missing declaration every time
     built(tmp_path / "p", job, keeper)
     assert not keeper.check(job).fresh
 
