@@ -191,23 +191,43 @@ def test_target_tree_not_writable(rig: RigCluster) -> None:
     assert "Traceback" not in done.stderr
 
 
-def arrived(run: Running, text: str) -> float:
-    """When (on the monotonic clock) the first stderr line holding ``text`` arrived."""
-    return run.started + next(at for at, line in run.lines if text in line)
-
-
-def test_two_prebuilds_at_once_both_finish(rig: RigCluster) -> None:
+def test_two_prebuilds_at_once_both_finish(rig: RigCluster, tmp_path: Path) -> None:
     """The second waits for the first and never interleaves: its builds start only
-    after the first published."""
+    after the first published.
+
+    Both write stderr to one file opened for appending, so the file's line order is
+    the order in which the two processes wrote. (Two pipes read by two threads would
+    not say which line was written first: the threads can be scheduled either way.)
+    """
     path = cluster(rig, "twice.yaml", docker=False)
-    env = {"FDL_FIXTURE_BUILD_SLEEP": "3"}
-    first = rig.background("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
-    first.wait_for(lambda: "build(s)" in first.stderr)
-    second = rig.background("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env=env)
-    assert first.finish() == 0, first.stderr
-    assert second.finish() == 0, second.stderr
-    assert "waiting for the prebuild already running on this project" in second.stderr
-    assert arrived(second, "build(s) with") > arrived(first, "written to"), second.stderr
+    argv = inv_argv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path))
+    env = rig.environment({"FDL_FIXTURE_BUILD_SLEEP": "3"})
+    log = tmp_path / "both.log"
+    with log.open("a") as shared, contextlib.ExitStack() as running:
+
+        def start() -> subprocess.Popen[bytes]:
+            process = subprocess.Popen(
+                argv, cwd=rig.root, env=env, stdout=subprocess.DEVNULL, stderr=shared
+            )
+            running.callback(process.kill)
+            return process
+
+        first = start()
+        deadline = time.monotonic() + 60
+        while "build(s) with" not in log.read_text():
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        second = start()
+        assert (first.wait(timeout=120), second.wait(timeout=120)) == (0, 0), log.read_text()
+    written = log.read_text()
+    assert "waiting for the prebuild already running on this project" in written
+    steps = [
+        step
+        for line in written.splitlines()
+        for step in ("build(s) with", "written to")
+        if step in line
+    ]
+    assert steps == ["build(s) with", "written to"] * 2, written
     envelopes = decode((rig.project / ENVELOPE).read_text(), "envelope")
     assert sorted(envelopes) == ["alpha", "beta", "gamma"]
 
