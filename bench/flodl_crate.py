@@ -151,6 +151,18 @@ def expected_line(arch: str, abi: int, cuda: bool = True) -> str:
     return f"{COMMAND} variant={arch} shim={abi} cuda={'on' if cuda else 'off'}"
 
 
+def edit_main(crate_dir: Path, rev: str) -> None:
+    """A one-line edit of the command's ``src/main.rs``: its first ``println!`` gains
+    ``rev=<rev>`` (replacing an earlier edit's), so that its binary says which edit it is."""
+    main = crate_dir / "src" / "main.rs"
+    text = re.sub(r' rev=[^"]*"\);', '");', main.read_text(), count=1)
+    pattern = r'(println!\("[^"]*cuda=\{cuda\})("\);)'
+    text, count = re.subn(pattern, rf"\1 rev={rev}\2", text, count=1)
+    if count != 1:
+        raise ValueError(f"no line to edit in {main}")
+    main.write_text(text)
+
+
 # ---------------------------------------------------------------------------- templates
 
 _WORKSPACE = """\

@@ -67,17 +67,6 @@ def log(message: str) -> None:
     print(f"bench.watch: {message}", file=sys.stderr, flush=True)
 
 
-def edit(crate_dir: Path, rev: str) -> None:
-    """One line of ``src/main.rs``: the first ``println!`` gains ``rev=<rev>``."""
-    main = crate_dir / "src/main.rs"
-    text = re.sub(r' rev=[^"]*"\);', '");', main.read_text(), count=1)
-    pattern = r'(println!\("[^"]*cuda=\{cuda\})("\);)'
-    text, count = re.subn(pattern, rf"\1 rev={rev}\2", text, count=1)
-    if count != 1:
-        raise BenchError(f"no line to edit in {main}")
-    main.write_text(text)
-
-
 def cluster(rig: RigCluster, project: Path, name: str, hosts: Sequence[HostSpec]) -> Path:
     workers = [
         rig_worker_at(rig, h.name, project, VARIANTS[i % len(VARIANTS)])
@@ -153,13 +142,13 @@ def bench_crate(rig: RigCluster, key: str, reps: int, debounce: float) -> dict[s
         for rep in range(reps):
             rev = f"{key}{rep}"
             saved = time.monotonic() - run.started
-            edit(watched / command, rev)
+            flodl_crate.edit_main(watched / command, rev)
             at, own = cycle_at(run, rep + 2, 600)
             samples["watch"].append(round(at - saved, 3))
             samples["watch_cycle"].append(own)
             check_published(rig, watched, command, rev)
             time.sleep(1.0)  # let the watcher settle before the bare build takes the cores
-            edit(copy / command, rev)
+            flodl_crate.edit_main(copy / command, rev)
             samples["bare"].append(round(bare(argv, "fdl-bench-watch", rep + 1), 3))
             log(
                 f"{key} rep {rep + 1}/{reps}: save-to-published {samples['watch'][-1]:.2f}s "

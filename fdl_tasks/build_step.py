@@ -31,7 +31,8 @@ from fdl_tasks.variants import libtorch_dir
 CACHE_NOTE = (
     "cache: compiler calls answered from the compile cache (sccache) out of the cacheable "
     "ones; dist R/C: units compiled on the build servers out of the units compiled; "
-    "'-' when nothing was compiled or the cache is off"
+    "'-' when sccache was not asked (nothing compiled, or only binaries: they go straight to "
+    "rustc) or the cache is off"
 )
 
 

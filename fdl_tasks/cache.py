@@ -6,7 +6,10 @@ inputs' contents and every ``CARGO_*`` variable, so builds share objects only
 where those are equal: every build sees its target dir at one fixed path in
 the container (:data:`CONTAINER_TARGET`), and the variant-dependent crates
 (whose build scripts read the variant's headers and link its libraries) miss,
-as they must. The final link is never cached.
+as they must. A binary crate (a command, a build script) is never cached,
+since sccache does not cache what links: :data:`WRAPPER_SCRIPT` hands those
+straight to rustc, so that an edit of a command's own sources starts no
+sccache server at all.
 
 With ``controller.dist`` the same builds also send their compiles to an
 sccache-dist scheduler (see :mod:`fdl_tasks.dist_client`): here, the variables
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import attrs
 
+from fdl_tasks.atomic_files import replace_atomically
 from fdl_tasks.cache_stats import DIST_STATUS_FILE, FALLBACKS_FILE, STATS_FILE
 from fdl_tasks.dist_client import (
     CONTAINER_DIST,
@@ -44,6 +48,23 @@ CONTAINER_TARGET = "/fdl-target"
 CONTAINER_SCCACHE = "/opt/fdl-sccache/sccache"
 #: Where a container sees the cache directory.
 CONTAINER_CACHE = "/fdl-sccache"
+#: Where a container sees :data:`WRAPPER_SCRIPT` (named ``sccache`` too, for cc-rs).
+CONTAINER_WRAPPER = "/opt/fdl-sccache-wrapper/sccache"
+
+#: ``RUSTC_WRAPPER`` without distributed compiles: sccache for every rustc call but a
+#: binary crate's, and for the C compiles cc-rs sends through it (cc-rs uses
+#: ``RUSTC_WRAPPER`` as its compiler wrapper when the file is named ``sccache``).
+WRAPPER_SCRIPT = r"""#!/bin/sh
+# fdl-tasks: a binary crate (a command, a build script) links, and sccache never
+# caches what links; it goes straight to rustc, so that no sccache server is
+# started for it. Everything else goes through sccache ($FDL_SCCACHE).
+previous=
+for arg do
+  if [ "$previous" = --crate-type ] && [ "$arg" = bin ]; then exec "$@"; fi
+  previous=$arg
+done
+exec "$FDL_SCCACHE" "$@"
+"""
 #: A native build's server stops by itself after this long without work.
 NATIVE_IDLE_SECONDS = "300"
 
@@ -60,11 +81,11 @@ class CompileCache:
 
     def container_variables(self, server: str) -> dict[str, str]:
         """sccache's settings inside a container (binary and cache mounted at fixed paths)."""
-        variables = _variables(CONTAINER_SCCACHE, CONTAINER_CACHE, self.size, server)
+        variables = _variables(CONTAINER_WRAPPER, CONTAINER_CACHE, self.size, server)
+        variables["FDL_SCCACHE"] = CONTAINER_SCCACHE
         if self.dist:
             variables |= {
                 "RUSTC_WRAPPER": f"{CONTAINER_DIST}/sccache",
-                "FDL_SCCACHE": CONTAINER_SCCACHE,
                 "FDL_DIST_LOCK": f"{CONTAINER_TOOLCHAINS}/{START_LOCK}",
                 "SCCACHE_CONF": f"{CONTAINER_DIST}/client.toml",
             }
@@ -78,13 +99,13 @@ class CompileCache:
         and their logs never see it; sccache reads it from its configuration.
         """
         variables = {
-            **_variables(self.binary, self.directory, self.size, server),
+            **_variables(self.wrapper, self.directory, self.size, server),
+            "FDL_SCCACHE": self.binary,
             "SCCACHE_IDLE_TIMEOUT": NATIVE_IDLE_SECONDS,
         }
         if self.dist:
             variables |= {
                 "RUSTC_WRAPPER": self.dist.path("native", "sccache"),
-                "FDL_SCCACHE": self.binary,
                 "FDL_DIST_LOCK": self.dist.path("toolchains", "native", START_LOCK),
                 "SCCACHE_CONF": self.dist.path("native", "client.toml"),
             }
@@ -92,11 +113,21 @@ class CompileCache:
                 variables[self.dist.token_env] = ""
         return variables
 
+    @property
+    def wrapper(self) -> str:
+        """Where :data:`WRAPPER_SCRIPT` is on this machine: beside the cache, not in it
+        (sccache counts, and may evict, every file of its directory)."""
+        return self.directory.rstrip("/") + "-wrapper/sccache"
+
     def container_mounts(self) -> list[str]:
-        """``-v`` values: the binary read-only, the cache read-write; with distributed
-        compiles the wrapper and client configuration read-only, the toolchain archives
-        read-write."""
-        mounts = [f"{self.binary}:{CONTAINER_SCCACHE}:ro", f"{self.directory}:{CONTAINER_CACHE}"]
+        """``-v`` values: the binary and the wrapper read-only, the cache read-write;
+        with distributed compiles the dist wrapper and client configuration read-only,
+        the toolchain archives read-write."""
+        mounts = [
+            f"{self.binary}:{CONTAINER_SCCACHE}:ro",
+            f"{self.wrapper}:{CONTAINER_WRAPPER}:ro",
+            f"{self.directory}:{CONTAINER_CACHE}",
+        ]
         if self.dist:
             mounts += [
                 f"{self.dist.path('container')}:{CONTAINER_DIST}:ro",
@@ -213,6 +244,19 @@ def find_cache(directory: str, size: str, dist: DistSettings | None = None) -> C
     return CompileCache(binary, directory, size, client)
 
 
+def _write_wrapper(path: Path) -> None:
+    """:data:`WRAPPER_SCRIPT` at ``path`` (executable), unless it is already there."""
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == WRAPPER_SCRIPT and os.access(path, os.X_OK):
+            return
+
+    def fill(partial: Path) -> None:
+        partial.write_text(WRAPPER_SCRIPT, encoding="utf-8")
+        partial.chmod(0o755)
+
+    replace_atomically(path, fill)
+
+
 def _dist_dir(directory: str) -> str:
     return directory.rstrip("/") + "-dist"
 
@@ -238,6 +282,7 @@ def open_cache(
         Path(cache.directory).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise FdlError(f"cannot create the compile cache {cache.directory}: {exc}") from None
+    _write_wrapper(Path(cache.wrapper))
     if dist is None or cache.dist is None:
         return cache
     client = connect_client(cache.dist, dist, report or collect([]))

@@ -156,6 +156,27 @@ def test_an_arch_swap_builds_the_new_variant_from_the_cache(
     assert hits(column["cache-b"]) == (CACHEABLE - VARIANT_CRATES, CACHEABLE)
 
 
+def test_an_edit_of_the_command_alone_starts_no_sccache_server(
+    rig: RigCluster, mode: str, cache_dir: Path
+) -> None:
+    """Only the binary crate recompiles, and sccache never caches what links: it goes
+    straight to rustc, so no server starts (no counts, ``-``), and each host runs the edit."""
+    archs = {"cache-a": CU128, "cache-b": CU126}
+    prebuild(rig, archs, mode, cache_dir)
+    crate = rig.project / flodl_crate.COMMAND
+    original = (crate / "src" / "main.rs").read_text()
+    try:
+        flodl_crate.edit_main(crate, "edit1")
+        envelopes, column = prebuild(rig, archs, mode, cache_dir)
+    finally:
+        (crate / "src" / "main.rs").write_text(original)
+    assert column == {"cache-a": "-", "cache-b": "-"}
+    assert stats_files(rig) == []
+    for host, arch in archs.items():
+        line = rig.run_on_host(host, str(rig.project), envelopes[host])
+        assert line == f"{flodl_crate.expected_line(arch, ABI[arch])} rev=edit1", (host, arch)
+
+
 def test_no_cache_builds_the_same_binaries_without_sccache(
     rig: RigCluster, mode: str, cache_dir: Path
 ) -> None:

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, find_cache, open_cache, with_stats
+from fdl_tasks.cache import (
+    CONTAINER_SCCACHE,
+    CONTAINER_WRAPPER,
+    CompileCache,
+    find_cache,
+    open_cache,
+    with_stats,
+)
 from fdl_tasks.cache_stats import (
     DIST_STATUS_FILE,
     FALLBACKS_FILE,
@@ -150,7 +157,7 @@ def dist_cache(tmp_path: Path, token_env: str | None = None) -> CompileCache:
 
 def test_container_wiring_mounts_the_client_read_only(tmp_path: Path) -> None:
     cache = dist_cache(tmp_path)
-    assert cache.container_mounts()[2:] == [
+    assert cache.container_mounts()[3:] == [
         f"{tmp_path}/c-dist/container:{CONTAINER_DIST}:ro",
         f"{tmp_path}/c-dist/toolchains/container:{CONTAINER_TOOLCHAINS}",
     ]
@@ -166,9 +173,12 @@ def test_container_wiring_mounts_the_client_read_only(tmp_path: Path) -> None:
 
 def test_without_dist_the_wiring_is_unchanged(tmp_path: Path) -> None:
     plain = CompileCache("/opt/bin/sccache", str(tmp_path / "c"), "10G")
-    assert plain.container_variables("/s")["RUSTC_WRAPPER"] == CONTAINER_SCCACHE
-    assert "SCCACHE_CONF" not in plain.native_variables("/s")
-    assert len(plain.container_mounts()) == 2 and plain.container_run_args() == []
+    assert plain.container_variables("/s")["RUSTC_WRAPPER"] == CONTAINER_WRAPPER
+    assert plain.container_variables("/s")["FDL_SCCACHE"] == CONTAINER_SCCACHE
+    native = plain.native_variables("/s")
+    assert "SCCACHE_CONF" not in native
+    assert native["RUSTC_WRAPPER"] == f"{tmp_path}/c-wrapper/sccache"
+    assert len(plain.container_mounts()) == 3 and plain.container_run_args() == []
 
 
 def test_native_builds_never_see_the_token_variable(tmp_path: Path) -> None:
