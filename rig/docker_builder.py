@@ -98,6 +98,12 @@ def ensure_dockerd(timeout: float = 60) -> None:
         raise RuntimeError("docker does not answer and no dockerd binary is on PATH")
     if os.geteuid() != 0:
         raise RuntimeError("docker does not answer and starting dockerd needs root")
+    if _in_private_network_namespace():
+        raise RuntimeError(
+            "docker does not answer, and dockerd started from this private network "
+            "namespace would stay in it (a container's --network host would then be this "
+            "namespace, not the machine's): start dockerd outside it first"
+        )
     pidfile = Path("/var/run/docker.pid")
     _drop_stale_pidfile(pidfile)
     proc = None if pidfile.exists() else _start_dockerd(dockerd)
@@ -115,6 +121,16 @@ def ensure_dockerd(timeout: float = 60) -> None:
         f"docker did not answer within {timeout:.0f}s; tail of {DOCKERD_LOG}:\n"
         f"{_dockerd_log_tail()}"
     )
+
+
+def _in_private_network_namespace() -> bool:
+    """Whether this process runs in a network namespace of loopback alone, as ``unshare
+    --net`` makes (``/proc/1/ns/net`` may not be readable to compare with)."""
+    try:
+        lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
+    except OSError:
+        return False
+    return all(line.split(":", 1)[0].strip() == "lo" for line in lines)
 
 
 def _drop_stale_pidfile(pidfile: Path) -> None:

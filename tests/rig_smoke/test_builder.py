@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -181,3 +182,12 @@ def test_docker_build_as_non_root_user(builder_image: str, tmp_path: Path) -> No
     ]
     assert wrong_owner == []
     assert (binary.stat().st_uid, binary.stat().st_gid) == USER
+
+
+def test_dockerd_is_never_started_from_a_private_network_namespace() -> None:
+    """A daemon started under ``unshare --net`` would keep that namespace for every
+    container's ``--network host``; the rig refuses to start one there."""
+    probe = "from rig.docker_builder import _in_private_network_namespace as f; print(f())"
+    here = _run([sys.executable, "-c", probe])
+    inside = _run(["unshare", "--net", sys.executable, "-c", probe])
+    assert (here.stdout, inside.stdout) == ("False\n", "True\n"), (here.stderr, inside.stderr)
