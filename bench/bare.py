@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.run import BenchError
@@ -18,6 +19,17 @@ def bare_command(
     rig: RigCluster, cluster_file: Path, prebuild_args: Sequence[str], env: dict[str, str]
 ) -> list[str]:
     """The one ``docker run`` line of ``inv --dry prebuild <prebuild_args>``."""
+    return bare_commands(rig, cluster_file, prebuild_args, env, count=1)[0]
+
+
+def bare_commands(
+    rig: RigCluster,
+    cluster_file: Path,
+    prebuild_args: Sequence[str],
+    env: dict[str, str],
+    count: int,
+) -> list[list[str]]:
+    """The ``count`` ``docker run`` lines of ``inv --dry prebuild <prebuild_args>``."""
     dry = subprocess.run(
         inv_argv("--dry", "prebuild", *prebuild_args, "--cluster-file", str(cluster_file)),
         cwd=rig.root,
@@ -27,9 +39,9 @@ def bare_command(
         check=False,
     )
     lines = [line.split("] ", 1)[1] for line in dry.stderr.splitlines() if "] docker run " in line]
-    if dry.returncode != 0 or len(lines) != 1:
-        raise BenchError(f"expected one docker run line from inv --dry:\n{dry.stderr}")
-    return shlex.split(lines[0])
+    if dry.returncode != 0 or len(lines) != count:
+        raise BenchError(f"expected {count} docker run line(s) from inv --dry:\n{dry.stderr}")
+    return [shlex.split(line) for line in lines]
 
 
 def bare(argv: list[str], name: str, n: int) -> float:
@@ -43,3 +55,12 @@ def bare(argv: list[str], name: str, n: int) -> float:
     if done.returncode != 0:
         raise BenchError(f"bare build exited {done.returncode}:\n{done.stderr[-3000:]}")
     return seconds
+
+
+def bare_together(argvs: Sequence[list[str]], name: str, n: int) -> float:
+    """Several bare builds started at once (each named ``<name>-<pid>-<n>-<i>``); the wall
+    seconds until the last one ends."""
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(argvs)) as pool:
+        list(pool.map(lambda i: bare(argvs[i], f"{name}-{n}", i), range(len(argvs))))
+    return time.monotonic() - started

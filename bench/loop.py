@@ -30,6 +30,9 @@ within a repetition; medians):
   prebuild`` prints for a one-host cluster: target <= 2.2 (on 2 cores 3
   incremental builds cannot take less than about 1.5x one);
 - L3 "no-op": the same two with nothing changed: target <= 2.5;
+- L2t "three bare builds": after the same edit, the three variants' bare
+  lines (``inv --dry prebuild`` of a 3-host cluster) started at once vs one
+  alone; reported, no target: what L2's builds phase would cost with no tool;
 - L5 "dependency change": :mod:`bench.depchange` (3 variants vs 1, target <= 1.5).
 
 L2 and L3 are taken twice: with the default settings (the compile cache on,
@@ -58,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import flodl_crate
-from bench.bare import bare, bare_command
+from bench.bare import bare, bare_command, bare_commands, bare_together
 from bench.depchange import dependency_changes
 from bench.run import BenchError
 from fdl_tasks.atomic_files import write_atomically
@@ -140,17 +143,6 @@ def inv(rig: RigCluster, *args: str, env: dict[str, str] | None = None) -> Timed
 def prebuild(rig: RigCluster, cluster: Path, command: str, *options: str) -> Timed:
     args = ["prebuild", "--cmd", command, "--crate-dir", CRATE_DIR, "--cluster-file", str(cluster)]
     return inv(rig, *args, *options)
-
-
-def edit(crate_dir: Path, rev: str) -> None:
-    """One line of ``src/main.rs``: the first ``println!`` gains ``rev=<rev>``."""
-    main = crate_dir / "src" / "main.rs"
-    text = re.sub(r' rev=[^"]*"\);', '");', main.read_text(), count=1)
-    pattern = r'(println!\("[^"]*cuda=\{cuda\})("\);)'
-    text, count = re.subn(pattern, rf"\1 rev={rev}\2", text, count=1)
-    if count != 1:
-        raise BenchError(f"no line to edit in {main}")
-    main.write_text(text)
 
 
 def check_published(rig: RigCluster, project: Path, command: str, rev: str | None) -> None:
@@ -238,9 +230,11 @@ class Setup:
         one = {**workers[0], "path": str(self.copy)}
         bare_controller = {**controller, "path": str(self.copy)}
         self.one = write_cluster(rig.root / "bare1.yaml", bare_controller, [one])
-        self.bare_argv = bare_command(
-            rig, self.one, ["--cmd", FIRST, "--crate-dir", CRATE_DIR, *NO_CACHE], ENV
-        )
+        args = ["--cmd", FIRST, "--crate-dir", CRATE_DIR, *NO_CACHE]
+        self.bare_argv = bare_command(rig, self.one, args, ENV)
+        copies = [{**worker, "path": str(self.copy)} for worker in workers]
+        bare_three = write_cluster(rig.root / "bare3.yaml", bare_controller, copies)
+        self.bare_three = bare_commands(rig, bare_three, args, ENV, count=len(VARIANTS))
 
 
 def second_command(setup: Setup, reps: int) -> tuple[Row, Row]:
@@ -276,10 +270,10 @@ def loop_rows(setup: Setup, reps: int, options: list[str], suffix: str) -> tuple
     bare(setup.bare_argv, "fdl-bench-loop", 0)
     for rep in range(reps):
         rev = f"{suffix or 'c'}{rep}"
-        edit(setup.project / CRATE_DIR, rev)
+        flodl_crate.edit_main(setup.project / CRATE_DIR, rev)
         run = prebuild(rig, setup.three, FIRST, *options)
         check_published(rig, setup.project, FIRST, rev)
-        edit(setup.copy / CRATE_DIR, rev)
+        flodl_crate.edit_main(setup.copy / CRATE_DIR, rev)
         edit_row.record(run.seconds, bare(setup.bare_argv, "fdl-bench-loop", 2 * rep + 1), run)
         noop = prebuild(rig, setup.three, FIRST, *options)
         noop_row.record(noop.seconds, bare(setup.bare_argv, "fdl-bench-loop", 2 * rep + 2), noop)
@@ -288,6 +282,25 @@ def loop_rows(setup: Setup, reps: int, options: list[str], suffix: str) -> tuple
             f"{edit_row.b[-1]:.2f}s; no-op {noop_row.a[-1]:.2f}s vs bare {noop_row.b[-1]:.2f}s"
         )
     return edit_row, noop_row
+
+
+def together_row(setup: Setup, reps: int) -> Row:
+    """L2t: after the same edit, the 3 variants' bare builds started at once vs 1 alone.
+
+    What 3 incremental builds cost on this machine with no tool at all: the
+    floor of L2n's builds phase.
+    """
+    what = "edit, then the 3 variants' bare builds at once vs 1 bare build, no cache"
+    row = Row("L2t", what, "3 at once", "1 alone", None)
+    log("L2t: warming the bare target trees")
+    bare_together(setup.bare_three, "fdl-bench-three", 0)
+    for rep in range(reps):
+        flodl_crate.edit_main(setup.copy / CRATE_DIR, f"t{rep}")
+        three = bare_together(setup.bare_three, "fdl-bench-three", rep + 1)
+        flodl_crate.edit_main(setup.copy / CRATE_DIR, f"t{rep}-one")
+        row.record(three, bare(setup.bare_argv, "fdl-bench-loop", 100 + rep))
+        log(f"L2t rep {rep + 1}/{reps}: 3 at once {row.a[-1]:.2f}s vs 1 alone {row.b[-1]:.2f}s")
+    return row
 
 
 def dependency_row(setup: Setup, reps: int) -> Row:
@@ -328,7 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--reps", type=int, default=3, help="repetitions of L1 (cold builds)")
     parser.add_argument("--loop-reps", type=int, default=5, help="repetitions of L2/L3")
-    parser.add_argument("--only", default="L1,L2,L2n,L5", help="row groups: L1, L2, L2n, L5")
+    parser.add_argument(
+        "--only", default="L1,L2,L2n,L2t,L5", help="row groups: L1, L2, L2n, L2t, L5"
+    )
     args = parser.parse_args(argv)
     groups = {g.strip() for g in args.only.split(",") if g.strip()}
     shutil.rmtree(STATE, ignore_errors=True)
@@ -343,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += loop_rows(setup, args.loop_reps, NO_CACHE, "n")
         if "L2" in groups:
             rows += loop_rows(setup, args.loop_reps, [], "")
+        if "L2t" in groups:
+            rows.append(together_row(setup, args.loop_reps))
         if "L5" in groups:
             rows.append(dependency_row(setup, args.loop_reps))
     report = {
