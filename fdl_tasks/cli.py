@@ -31,6 +31,7 @@ from fdl_tasks.errors import (
     LeftRunning,
     LoginRefused,
     NothingVerified,
+    ProgramExited,
     Stopped,
     StoppedLeftRunning,
 )
@@ -113,6 +114,8 @@ def user_errors(body: F) -> F:
             raise Exit(f"fdl: {exc}", code=130) from None
         except KeyboardInterrupt:
             raise Exit("fdl: interrupted", code=130) from None
+        except ProgramExited as exc:
+            raise Exit(code=exc.code) from None
 
     return wrapper  # type: ignore[return-value]
 

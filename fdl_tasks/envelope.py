@@ -119,31 +119,37 @@ def hand_over(text: str | None) -> None:
         os.environ[ENV_PREBUILD_PER_HOST] = text
 
 
-def read_published(root: Path, command: str) -> tuple[dict[str, PerHostEnvelope], str]:
-    """``command``'s envelope and where it came from: ``$FLODL_INTERNAL_PREBUILD_PER_HOST``
-    when it holds this command's (a prebuild in this process set it), else the file."""
+def read_published(root: Path, command: str) -> tuple[dict[str, PerHostEnvelope], str, str]:
+    """``command``'s envelope, where it came from and its wire text:
+    ``$FLODL_INTERNAL_PREBUILD_PER_HOST`` when it holds this command's (a prebuild in this
+    process set it), else the file."""
     text = os.environ.get(ENV_PREBUILD_PER_HOST)
     if text:
         from_environment = decode(text, f"${ENV_PREBUILD_PER_HOST}")
         if is_for_command(from_environment, command):
-            return from_environment, f"${ENV_PREBUILD_PER_HOST}"
+            return from_environment, f"${ENV_PREBUILD_PER_HOST}", text
     path = published_path(root, command)
-    published = read_file(path)
-    if published is None:
+    text = read_text(path)
+    if text is None:
         raise FdlError(
             f"{command!r} has no published envelope ({path} does not exist): "
             f"run inv prebuild --cmd {command} first"
         )
-    return published, str(path)
+    return decode(text, str(path)), str(path), text.rstrip("\n")
+
+
+def read_text(path: Path) -> str | None:
+    """The envelope file's text, ``None`` when there is none; unreadable is an error."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FdlError(f"cannot read the envelope {path}: {exc}") from None
 
 
 def read_file(path: Path) -> dict[str, PerHostEnvelope] | None:
     """The envelope in ``path``, ``None`` when there is none; unreadable or malformed is an
     error naming the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FdlError(f"cannot read the envelope {path}: {exc}") from None
-    return decode(text, str(path))
+    text = read_text(path)
+    return None if text is None else decode(text, str(path))

@@ -43,3 +43,12 @@ class LoginRefused(FdlError):
 class NothingVerified(FdlError):
     """Verification was asked for, there were hosts to ask, and not one could be asked
     (every one down): nothing was published. Tasks exit with code 5."""
+
+
+class ProgramExited(Exception):
+    """A program the task ran in the foreground (flodl's launcher) ended with ``code``: the
+    task exits with the same code and adds nothing, the program having said why."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exited {code}")
+        self.code = code

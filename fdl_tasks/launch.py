@@ -1,17 +1,30 @@
-"""``launch``: exec the prebuilt binary on every worker, straight from the envelope."""
+"""``launch``: the prebuilt binaries started, through flodl's launcher or directly.
+
+On a flodl project, flodl's own launcher runs the job: ``fdl @<env> CMD
+--no-prebuild ARGS`` in the project root, with the published envelope in
+``FLODL_INTERNAL_PREBUILD_PER_HOST``. The training binary is the launcher
+on the controller: it opens the join window, forms the world and starts each
+host's agent from the envelope's binary, so a DDP run is one process group.
+The direct mode execs every worker's binary from the envelope over ssh, for
+programs that are not flodl launchers: it forms no world.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from fdl_tasks.console import PrefixedLines
-from fdl_tasks.envelope import PerHostEnvelope, read_published
-from fdl_tasks.errors import FdlError, Stopped
-from fdl_tasks.interrupts import sigterm_as_interrupt
-from fdl_tasks.model import Cluster, Worker
+from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, read_published
+from fdl_tasks.errors import FdlError, ProgramExited, Stopped
+from fdl_tasks.interrupts import forwarding_signals, sigterm_as_interrupt
+from fdl_tasks.model import Cluster, FlodlOrigin, Worker
 from fdl_tasks.names import check_command, join_path
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.remote import Fleet
@@ -130,19 +143,91 @@ def launch_all(
     }
 
 
+Mode = Literal["fdl", "direct"]
+#: flodl's command-line tool, whose ``@<env>`` form runs the launcher.
+FDL = "fdl"
+#: What the direct mode says once: what a flodl DDP run would miss.
+DIRECT_NOTE = (
+    "direct mode: each worker runs its binary on its own; no world is formed (no join "
+    "window, no ranks, no process group): a flodl DDP run needs --launcher fdl"
+)
+
+
+def launch_mode(chosen: str, origin: FlodlOrigin | None, source: str) -> Mode:
+    """``fdl.launcher`` / ``--launcher`` resolved: ``auto`` is flodl's launcher on a flodl
+    project (the cluster read from its ``fdl.yml`` layers), else direct."""
+    flodl_project = origin is not None and origin.root is not None
+    if chosen == "auto":
+        return "fdl" if flodl_project else "direct"
+    if chosen == "fdl" and not flodl_project:
+        raise FdlError(
+            f"--launcher fdl runs flodl's launcher, which reads the cluster from a flodl "
+            f"project's fdl.yml and its overlay, and {source} is not read from one: run "
+            "from the flodl project, or use --launcher direct"
+        )
+    return "fdl" if chosen == "fdl" else "direct"
+
+
+def fdl_argv(env: str | None, command: str, args: Sequence[str]) -> list[str]:
+    """``fdl @<env> CMD --no-prebuild ARGS``: the builds are this tool's, already verified."""
+    return [FDL, *([f"@{env}"] if env else []), command, "--no-prebuild", *args]
+
+
 def launch(run: Run, command: str, args: Sequence[str]) -> None:
-    """``inv launch``: the envelope checked against cluster.yaml, then every remote worker."""
+    """``inv launch``: the envelope checked against the cluster file, then the run."""
+    mode = launch_mode(run.settings.launcher, run.cluster.origin, run.cluster.source)
     remotes = run.remotes
     run.note_unlisted_controller()
     if not run.dry:  # a `prebuild --watch` cycle in flight publishes first
         wait_for_watch(run.root, command, run.settings.launch_wait, run.report)
-    envelopes, source = read_published(run.root, command)
+    envelopes, source, text = read_published(run.root, command)
     problems = check_envelopes(envelopes, remotes, command, source)
     if problems:
         raise FdlError(
             f"the envelope does not match {run.cluster.source} (stale? run prebuild "
             "again): " + "; ".join(problems)
         )
+    if mode == "fdl":
+        assert run.cluster.origin is not None and run.cluster.origin.root is not None
+        launch_with_fdl(run, run.cluster.origin, command, args, text)
+    else:
+        launch_direct(run, command, envelopes, args)
+
+
+def launch_with_fdl(
+    run: Run, origin: FlodlOrigin, command: str, args: Sequence[str], envelope: str
+) -> None:
+    """flodl's launcher in the project root, the envelope in its variable; its output and
+    exit code are the task's, and a signal to the task is passed on to it."""
+    argv = fdl_argv(origin.env, command, args)
+    if run.dry:
+        variable = f"{ENV_PREBUILD_PER_HOST}={shlex.quote(envelope)}"
+        run.report(f"cd {shlex.quote(origin.root or '.')} && {variable} {shlex.join(argv)}")
+        return
+    program = shutil.which(FDL)
+    if program is None:
+        raise FdlError(
+            "fdl (flodl's command-line tool) is not on PATH: it runs flodl's launcher "
+            f"({shlex.join(argv[:3])}). Install flodl-cli, or run --launcher direct (each "
+            "binary on its own, no world formed)"
+        )
+    run.say(f"flodl's launcher: {shlex.join(argv)} (in {origin.root})")
+    environment = {**os.environ, ENV_PREBUILD_PER_HOST: envelope}
+    process = subprocess.Popen(
+        [program, *argv[1:]], cwd=origin.root, env=environment, process_group=0
+    )
+    with forwarding_signals(process):
+        code = process.wait()
+    if code != 0:
+        raise ProgramExited(128 - code if code < 0 else code)
+
+
+def launch_direct(
+    run: Run, command: str, envelopes: Mapping[str, PerHostEnvelope], args: Sequence[str]
+) -> None:
+    """Every remote worker's binary over ssh, each on its own."""
+    remotes = run.remotes
+    run.say(DIRECT_NOTE)
     if run.dry:
         for worker in remotes:
             line = launch_line(worker, envelopes[worker.host], run.cluster.env, args)

@@ -195,8 +195,22 @@ class Worker:
 
 
 @attrs.frozen
+class FlodlOrigin:
+    """Where a cluster read from flodl's files came from: what ``fdl @<env>`` will read."""
+
+    #: The flodl project's root (its ``fdl.yml``'s directory); ``None``: no base file.
+    root: str | None
+    #: The overlay's env (``cluster`` for ``fdl.cluster.yml``); ``None``: the base alone.
+    env: str | None
+    #: Every layer, in merge order.
+    layers: tuple[str, ...]
+    #: ``fdl-tasks.yml``, when it added this tool's keys.
+    extras: str | None = None
+
+
+@attrs.frozen
 class Cluster:
-    """A whole cluster.yaml."""
+    """A whole cluster file."""
 
     controller: Controller
     workers: tuple[Worker, ...] = ()
@@ -205,6 +219,8 @@ class Cluster:
     delivery: DeliveryMode = "shared"
     #: The file it was read from, for messages; set by the loader, never read from the file.
     source: str = attrs.field(default="cluster.yaml", eq=False, metadata={NOT_IN_FILE: True})
+    #: Set by the loader for a cluster read from flodl's files.
+    origin: FlodlOrigin | None = attrs.field(default=None, eq=False, metadata={NOT_IN_FILE: True})
 
     def keeping(self, labels: Collection[str]) -> Cluster:
         """The same cluster with only the workers called ``labels`` (``build-host``'s view:

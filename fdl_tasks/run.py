@@ -12,7 +12,8 @@ from invoke.context import Context
 
 from fdl_tasks.config_errors import CLUSTER_KEYS, misplaced_cluster_file
 from fdl_tasks.errors import FdlError
-from fdl_tasks.loader import load_cluster
+from fdl_tasks.flodl_layers import FLODL_ENV
+from fdl_tasks.loader import find_cluster_file, load_cluster
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.names import HOST_NAME_ENV, controller_label, remote_workers
 from fdl_tasks.reporting import Report, Severity, report_to_stderr
@@ -51,13 +52,17 @@ class Run:
         project = getattr(config, "_project_prefix", None)
         given = options.get("cluster_file") is not None
         chosen = resolve_cluster_file(settings.cluster_file, given, project)
-        settings = attrs.evolve(settings, cluster_file=chosen)
+        if not chosen:
+            chosen = str(find_cluster_file(Path(project or os.getcwd())))
+        env = options.get("env") or os.environ.get(FLODL_ENV) or settings.env
+        cluster = load_cluster(chosen, env or None)
+        # the file that holds the cluster block: what a watch re-reads and what messages name
+        settings = attrs.evolve(settings, cluster_file=cluster.source, env=env)
         from_environment = os.environ.get(HOST_NAME_ENV)
         controller = controller_label(
             settings.controller_host, from_environment, socket.gethostname()
         )
         named = settings.controller_host or from_environment
-        cluster = load_cluster(settings.cluster_file)
         if workers_needed and not cluster.workers:
             raise FdlError(
                 f"{cluster.source} lists no workers, so there is nothing to {label}: add one "

@@ -26,6 +26,10 @@ Size = Annotated[str, "Size"]
 Requirement = Annotated[str, "Requirement"]
 #: ``fdl.ssh_login_errors``: a misconfigured ssh login is an ``error``, or (flodl) a ``warn``.
 LoginErrors = Annotated[str, "LoginErrors"]
+#: ``fdl.launcher``: ``fdl`` (flodl's own launcher), ``direct`` (each binary alone) or ``auto``.
+Launcher = Annotated[str, "Launcher"]
+#: What ``fdl.launcher: auto`` and ``--launcher`` choose among.
+LAUNCHERS = ("auto", "fdl", "direct")
 _SWITCH_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -78,6 +82,14 @@ def check_login_errors(value: object) -> LoginErrors:
     raise InvalidValue(f"must be error or warn, got {quote(value)}")
 
 
+def check_launcher(value: object) -> Launcher:
+    if isinstance(value, str) and value.lower() in LAUNCHERS:
+        return value.lower()
+    raise InvalidValue(
+        f"must be {', '.join(LAUNCHERS[:-1])} or {LAUNCHERS[-1]}, got {quote(value)}"
+    )
+
+
 def check_cache_size(value: object) -> Size:
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
     if not isinstance(text, str) or not re.fullmatch(r"[1-9][0-9]*[KMGT]?", text):
@@ -99,4 +111,5 @@ SETTING_CHECKS: dict[Any, Callable[[object], object]] = {
     Size: check_cache_size,
     Requirement: check_requirement,
     LoginErrors: check_login_errors,
+    Launcher: check_launcher,
 }

@@ -18,14 +18,26 @@ import attrs
 
 from fdl_tasks.converter import structure
 from fdl_tasks.errors import FdlError
-from fdl_tasks.setting_values import Count, LoginErrors, Requirement, Seconds, Size, Switch
+from fdl_tasks.setting_values import (
+    Count,
+    Launcher,
+    LoginErrors,
+    Requirement,
+    Seconds,
+    Size,
+    Switch,
+)
 
 
 @attrs.frozen
 class Settings:
     """What the tasks read from ``c.config.fdl``."""
 
-    cluster_file: str = "cluster.yaml"
+    #: Empty: ``cluster.yaml`` in the project root, else the flodl project's ``fdl.yml`` layers.
+    cluster_file: str = ""
+    #: The flodl env whose overlay holds the cluster block (empty: ``$FDL_ENV``, else cluster).
+    env: str = ""
+    launcher: Launcher = "auto"
     controller_host: str = ""
     known_hosts: str = "~/.ssh/known_hosts"
     global_known_hosts: str = "/etc/ssh/ssh_known_hosts"
@@ -67,12 +79,12 @@ class Settings:
 
 
 def resolve_cluster_file(chosen: str, given: bool, project_dir: str | None) -> str:
-    """The cluster file to read. One named on the command line (``given``) is relative to
-    the working directory, as the shell completed it; one from the settings (invoke.yaml,
-    ``INVOKE_FDL_CLUSTER_FILE``, the default) to the project root, where Invoke found
-    ``tasks.py`` (``project_dir``; ``None`` outside ``inv``), so that a subdirectory works
-    as it does for cargo."""
-    if given or project_dir is None or os.path.isabs(chosen):
+    """The cluster file to read (empty: to be found). One named on the command line
+    (``given``) is relative to the working directory, as the shell completed it; one from
+    the settings (invoke.yaml, ``INVOKE_FDL_CLUSTER_FILE``) to the project root, where
+    Invoke found ``tasks.py`` (``project_dir``; ``None`` outside ``inv``), so that a
+    subdirectory works as it does for cargo."""
+    if not chosen or given or project_dir is None or os.path.isabs(chosen):
         return chosen
     return os.path.join(project_dir, chosen)
 

@@ -29,7 +29,10 @@ from fdl_tasks.variant_push import push_libtorch as push_libtorch_to
 __all__ = ["build_host", "clean", "launch", "ns", "prebuild", "preflight", "push_libtorch"]
 
 HELP = {
-    "cluster-file": "the cluster file to read (default: fdl.cluster_file, 'cluster.yaml')",
+    "cluster-file": "the cluster file to read (default: fdl.cluster_file, else cluster.yaml "
+    "in the project root, else the flodl project's fdl.yml with its env overlay)",
+    "env": "the flodl env whose overlay fdl.<env>.yml holds the cluster block (default: "
+    "$FDL_ENV, else fdl.env, else cluster)",
     "controller-host": "this machine's host label (default: $FLODL_HOST_NAME, else hostname)",
     "json": "print a machine-readable result on stdout",
     "cmd": "the command to build (cargo --bin name); required",
@@ -45,6 +48,7 @@ HELP = {
 @fdl_task(
     help={
         "cluster-file": HELP["cluster-file"],
+        "env": HELP["env"],
         "controller-host": HELP["controller-host"],
         "json": HELP["json"],
         "no-prebuild": "check data paths and directories only: no ABI gate, no build checks "
@@ -54,13 +58,14 @@ HELP = {
 def preflight(
     c: Context,
     cluster_file: str | None = None,
+    env: str | None = None,
     controller_host: str | None = None,
     no_prebuild: bool = False,
     json: bool = False,
 ) -> None:
     """Probe every host (ssh, in parallel) for readiness before any build."""
     run = Run.start(
-        c, cluster_file=cluster_file, controller_host=controller_host, label="preflight"
+        c, cluster_file=cluster_file, env=env, controller_host=controller_host, label="preflight"
     )
     pipeline.preflight(run, abi=not no_prebuild, as_json=json)
 
@@ -78,6 +83,7 @@ def build_host(
     cmd: str | None = None,
     crate_dir: str | None = None,
     cluster_file: str | None = None,
+    env: str | None = None,
     controller_host: str | None = None,
     no_cache: bool = False,
     timings: bool = False,
@@ -87,7 +93,11 @@ def build_host(
     if not host:
         raise FdlError("--host is required: the label of the worker to build for")
     command = require_command(cmd)
-    options: dict[str, Any] = {"cluster_file": cluster_file, "controller_host": controller_host}
+    options: dict[str, Any] = {
+        "cluster_file": cluster_file,
+        "env": env,
+        "controller_host": controller_host,
+    }
     run = Run.start(
         c, **options, compile_cache=off(no_cache), timings=timings or None, label="build-host"
     )
@@ -125,6 +135,7 @@ def prebuild(
     cmd: str | None = None,
     crate_dir: str | None = None,
     cluster_file: str | None = None,
+    env: str | None = None,
     controller_host: str | None = None,
     jobs: int = 0,
     no_prebuild: bool = False,
@@ -139,7 +150,11 @@ def prebuild(
 ) -> None:
     """Preflight, then build CMD once per remote build environment and publish its envelope."""
     command = require_command(cmd)
-    options: dict[str, Any] = {"cluster_file": cluster_file, "controller_host": controller_host}
+    options: dict[str, Any] = {
+        "cluster_file": cluster_file,
+        "env": env,
+        "controller_host": controller_host,
+    }
     if no_prebuild:
         pipeline.preflight(Run.start(c, **options), abi=False)
         return
@@ -178,25 +193,33 @@ def _remainder_args() -> list[str]:
 @fdl_task(
     help={
         "cluster-file": HELP["cluster-file"],
+        "env": HELP["env"],
         "controller-host": HELP["controller-host"],
         "cmd": "the command whose prebuilt binary to run; required",
+        "launcher": "fdl: flodl's launcher (fdl @<env> CMD --no-prebuild, one DDP world); "
+        "direct: each worker's binary on its own, output prefixed [host] (default: "
+        "fdl.launcher, auto: fdl on a flodl project)",
     }
 )
 def launch(
     c: Context,
     cmd: str | None = None,
     cluster_file: str | None = None,
+    env: str | None = None,
     controller_host: str | None = None,
+    launcher: str | None = None,
 ) -> None:
-    """Run the prebuilt CMD on every remote worker (arguments after --); lines prefixed [host]."""
+    """Run the prebuilt CMD (arguments after --) through flodl's launcher, or directly."""
     command = require_command(cmd)
-    run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host, label="launch")
+    options: dict[str, Any] = {"cluster_file": cluster_file, "env": env, "launcher": launcher}
+    run = Run.start(c, **options, controller_host=controller_host, label="launch")
     launch_on_workers(run, command, _remainder_args())
 
 
 @fdl_task(
     help={
         "cluster-file": HELP["cluster-file"],
+        "env": HELP["env"],
         "controller-host": HELP["controller-host"],
         "dry": "list what would be removed, remove nothing (like inv --dry clean)",
         "all": "remove every build tree under target/cluster/, in use or not, with the "
@@ -206,12 +229,17 @@ def launch(
 def clean(
     c: Context,
     cluster_file: str | None = None,
+    env: str | None = None,
     controller_host: str | None = None,
     dry: bool = False,
     all: bool = False,
 ) -> None:
     """Remove target dirs under target/cluster/ that no current host, variant or image uses."""
-    options: dict[str, Any] = {"cluster_file": cluster_file, "controller_host": controller_host}
+    options: dict[str, Any] = {
+        "cluster_file": cluster_file,
+        "env": env,
+        "controller_host": controller_host,
+    }
     run = Run.start(c, **options, label="clean", workers_needed=False)
     clean_target_tree(run, list_only=dry or run.dry, everything=all)
 
@@ -219,6 +247,7 @@ def clean(
 @fdl_task(
     help={
         "cluster-file": HELP["cluster-file"],
+        "env": HELP["env"],
         "controller-host": HELP["controller-host"],
         "host": "one copy host's label (default: every worker with delivery: copy)",
     }
@@ -227,11 +256,16 @@ def push_libtorch(
     c: Context,
     host: str | None = None,
     cluster_file: str | None = None,
+    env: str | None = None,
     controller_host: str | None = None,
 ) -> None:
     """Put each copy host's libtorch variant at <path>/libtorch/<arch>: changed files only."""
     run = Run.start(
-        c, cluster_file=cluster_file, controller_host=controller_host, label="push-libtorch"
+        c,
+        cluster_file=cluster_file,
+        env=env,
+        controller_host=controller_host,
+        label="push-libtorch",
     )
     workers = [w for w in run.remotes if w.delivery == "copy"]
     if host:

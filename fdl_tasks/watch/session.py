@@ -98,7 +98,7 @@ class Session:
         )
 
     def reload_cluster(self) -> None:
-        cluster = load_cluster(self.run.settings.cluster_file)
+        cluster = load_cluster(self.run.settings.cluster_file, self.run.settings.env or None)
         old = self.run.cluster.controller.path
         if cluster.controller.path != old:
             raise FdlError(
