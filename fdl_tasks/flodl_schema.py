@@ -75,7 +75,7 @@ def _env(value: object) -> str | None:
         return f"expected a mapping, got {kind_of(value)}"
     for name, text in value.items():
         if name in LAUNCHER_OWNED or str(name).startswith(LAUNCHER_OWNED_PREFIX):
-            return f"key {quote(name)} is reserved (launcher-owned)"
+            return f"[{quote(name)}] is reserved (the launcher sets it for each rank)"
         if problem := _string(text):
             return f"[{quote(name)}]: {problem}"
     return None

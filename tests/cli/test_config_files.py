@@ -25,10 +25,10 @@ workers:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A project as the quick start wires it: tasks.py, invoke.yaml, fdl.cluster.yml."""
+    """A project as the quick start wires it: tasks.py, invoke.yaml, rig.yml."""
     (tmp_path / "tasks.py").write_text("from fdl_tasks import ns\n")
-    (tmp_path / "invoke.yaml").write_text("fdl: {cluster_file: fdl.cluster.yml}\n")
-    (tmp_path / "fdl.cluster.yml").write_text(CLUSTER.format(root=tmp_path))
+    (tmp_path / "invoke.yaml").write_text("fdl: {cluster_file: rig.yml}\n")
+    (tmp_path / "rig.yml").write_text(CLUSTER.format(root=tmp_path))
     (tmp_path / "src" / "deep").mkdir(parents=True)
     return tmp_path
 
@@ -42,7 +42,7 @@ def test_a_subdirectory_reads_the_project_s_cluster_file(project: Path) -> None:
     code, _, stderr = dry_preflight(project / "src" / "deep")
     assert code == 0, stderr
     assert "[w1] ssh 127.0.6.30:22 " in stderr
-    assert f"names no host of {project}/fdl.cluster.yml" in stderr
+    assert f"names no host of {project}/rig.yml" in stderr
 
 
 def test_a_cluster_file_on_the_command_line_is_relative_to_the_working_directory(
@@ -104,7 +104,7 @@ def test_f_before_the_task_name_is_caught(project: Path) -> None:
     """Invoke takes it as its own --config: the cluster file's keys land in its config."""
     other = project / "cluster.yaml"
     other.write_text(CLUSTER.format(root=project).replace("127.0.6.30", "127.0.6.32"))
-    for path in (other, project / "fdl.cluster.yml"):
+    for path in (other, project / "rig.yml"):
         code, _, stderr = dry_preflight(project, "-f", str(path))
         assert code == 1
         assert stderr == (

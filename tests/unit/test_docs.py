@@ -25,7 +25,9 @@ from invoke.program import Program
 
 from fdl_tasks import ns
 from fdl_tasks.cli import SHORT_FLAGS
-from fdl_tasks.loader import parse_cluster
+from fdl_tasks.extras import with_extras
+from fdl_tasks.flodl_schema import EXTRAS_FILE, project_problems
+from fdl_tasks.loader import load_cluster, parse_cluster
 from fdl_tasks.settings import Settings
 from tests.unit.docs_text import (
     PAGES,
@@ -79,22 +81,51 @@ def test_code_blocks_parse(page: Path) -> None:
 
 def _as_cluster(data: dict[str, Any]) -> dict[str, Any]:
     """A fragment (a ``controller:`` part, a ``workers:`` list) as a whole file."""
-    inner = dict(data.get("cluster", data))
+    inner = dict(data)
     inner["controller"] = {"path": "/srv/proj", **inner.get("controller", {})}
     inner.setdefault("workers", [])
     return inner
 
 
+def _under_flodl_block(extras: dict[str, Any]) -> dict[str, Any]:
+    """An ``fdl-tasks.yml`` block added onto a flodl block holding its workers' labels."""
+    workers = [
+        {"host": label, "path": "/srv/proj", "local_devices": [0], "nccl_socket_ifname": "lo"}
+        for label in extras.get("workers") or {}
+    ]
+    controller = {"host": "10.0.0.1", "path": "/srv/proj", "docker": "cuda"}
+    block = {"controller": controller, "workers": workers}
+    return with_extras(block, extras, "fdl-tasks.yml", "fdl.cluster.yml")
+
+
 @pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
 def test_cluster_and_settings_blocks_load(page: Path) -> None:
+    """Every block in flodl's form passes flodl's own rules as it is; this tool's own
+    form and ``fdl-tasks.yml`` blocks load."""
     for block in blocks(page):
         data = yaml.safe_load(block.text) if block.lang == "yaml" else None
         if not isinstance(data, dict):
             continue
-        if {"controller", "workers", "cluster"} & set(data):
-            parse_cluster(_as_cluster(data), f"a block of {name(page)}")
+        where = f"a block of {name(page)}"
+        if "cluster" in data:
+            assert project_problems(data) == [], block.text
+            parse_cluster(data["cluster"], where)
+        elif block.text.startswith(f"# {EXTRAS_FILE}"):
+            parse_cluster(_under_flodl_block(data), where)
+        elif {"controller", "workers"} & set(data):
+            parse_cluster(_as_cluster(data), where)
         if "fdl" in data:
             Settings.from_config(data["fdl"])
+
+
+def test_every_flodl_file_of_the_repository_passes_flodl_s_rules() -> None:
+    """The repository's ``fdl.cluster.yml`` (the demo's) as flodl's loader reads it; its
+    ``fdl-tasks.yml`` adds the rest."""
+    data = yaml.safe_load((ROOT / "fdl.cluster.yml").read_text())
+    assert project_problems(data) == []
+    cluster = load_cluster(ROOT / "fdl.cluster.yml")
+    assert cluster.origin is not None and cluster.origin.extras == str(ROOT / EXTRAS_FILE)
+    assert "aarch64" in cluster.controller.cross
 
 
 @pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)

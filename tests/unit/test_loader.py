@@ -56,9 +56,15 @@ def test_full_file_is_structured(write_cluster):  # type: ignore[no-untyped-def]
     assert cluster.env == {"NCCL_DEBUG": "INFO"}
 
 
-def test_nested_under_cluster_key_is_the_same(write_cluster):  # type: ignore[no-untyped-def]
+def test_under_a_cluster_key_it_is_flodl_s_form_and_flodl_s_rules_hold(write_cluster):  # type: ignore[no-untyped-def]
+    """A top-level ``cluster:`` makes it a flodl file: this tool's own form (a ``docker
+    run`` mapping, a map for ``tunnel``) is what fdl-cli refuses, so it is refused here."""
     nested = "cluster:\n" + "".join(f"  {line}\n" for line in FULL.splitlines())
-    assert load_cluster(write_cluster(nested)) == load_cluster(write_cluster(FULL, "b.yaml"))
+    with pytest.raises(FdlError) as refused:
+        load_cluster(write_cluster(nested))
+    assert "flodl's loader refuses it: cluster.controller.docker is fdl-tasks' key" in str(
+        refused.value
+    )
 
 
 def test_minimal_defaults() -> None:

@@ -19,7 +19,7 @@ MINIMAL = {"controller": {"path": "/srv/proj"}, "workers": [{"host": "a", "path"
 
 
 def test_messages_name_the_cluster_file_that_was_read(tmp_path: Path) -> None:
-    path = tmp_path / "fdl.cluster.yml"
+    path = tmp_path / "my-cluster.yml"
     path.write_text("controller: {path: /srv/proj}\nworkers: [{host: a, path: /srv/proj}]\n")
     cluster = load_cluster(path)
     assert cluster.source == str(path)
