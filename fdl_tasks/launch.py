@@ -18,12 +18,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 from fdl_tasks.console import PrefixedLines
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, read_published
 from fdl_tasks.errors import FdlError, ProgramExited, Stopped
 from fdl_tasks.interrupts import forwarding_signals, sigterm_as_interrupt
+from fdl_tasks.launch_mode import DIRECT_NOTE, FDL, fdl_argv, launch_mode
 from fdl_tasks.model import Cluster, FlodlOrigin, Worker
 from fdl_tasks.names import check_command, join_path
 from fdl_tasks.outcomes import Failure
@@ -141,36 +141,6 @@ def launch_all(
         for host, outcome in sorted(outcomes.items())
         if isinstance(outcome, Failure) or outcome.exited != 0
     }
-
-
-Mode = Literal["fdl", "direct"]
-#: flodl's command-line tool, whose ``@<env>`` form runs the launcher.
-FDL = "fdl"
-#: What the direct mode says once: what a flodl DDP run would miss.
-DIRECT_NOTE = (
-    "direct mode: each worker runs its binary on its own; no world is formed (no join "
-    "window, no ranks, no process group): a flodl DDP run needs --launcher fdl"
-)
-
-
-def launch_mode(chosen: str, origin: FlodlOrigin | None, source: str) -> Mode:
-    """``fdl.launcher`` / ``--launcher`` resolved: ``auto`` is flodl's launcher on a flodl
-    project (the cluster read from its ``fdl.yml`` layers), else direct."""
-    flodl_project = origin is not None and origin.root is not None
-    if chosen == "auto":
-        return "fdl" if flodl_project else "direct"
-    if chosen == "fdl" and not flodl_project:
-        raise FdlError(
-            f"--launcher fdl runs flodl's launcher, which reads the cluster from a flodl "
-            f"project's fdl.yml and its overlay, and {source} is not read from one: run "
-            "from the flodl project, or use --launcher direct"
-        )
-    return "fdl" if chosen == "fdl" else "direct"
-
-
-def fdl_argv(env: str | None, command: str, args: Sequence[str]) -> list[str]:
-    """``fdl @<env> CMD --no-prebuild ARGS``: the builds are this tool's, already verified."""
-    return [FDL, *([f"@{env}"] if env else []), command, "--no-prebuild", *args]
 
 
 def launch(run: Run, command: str, args: Sequence[str]) -> None:

@@ -11,12 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
+import yaml
 
 from fdl_tasks.backends.protocol import Backend
 from fdl_tasks.controller_check import controller_problems
+from fdl_tasks.errors import FdlError
 from fdl_tasks.gpu_gate import gate
+from fdl_tasks.launch_mode import COMPOSE_FILES, forwarding_warning, forwards, launch_mode
 from fdl_tasks.login_verdicts import failed_verdict
-from fdl_tasks.model import Cluster, Controller, Worker
+from fdl_tasks.model import Cluster, ComposeService, Controller, Worker
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.probe import (
     BuildEnvironment,
@@ -170,7 +173,39 @@ def run_preflight(
     probed = {h: c for h, c in cross_cpu_archs(run, verdicts).items() if c in cross}
     if abi and probed != pinned:
         problems = controller_problems(run.root, source, backend, builds, probed)
+    local = with_warnings(local, compose_forwarding(run))
     return [with_errors(local, problems), *verdicts]
+
+
+def compose_forwarding(run: Run) -> list[str]:
+    """A warning when flodl's launcher will run in a compose service that does not pass
+    the envelope's variable into its container (read from the compose file itself: a
+    file compose cannot read is the backend's check)."""
+    service = run.cluster.controller.docker
+    if not isinstance(service, ComposeService):
+        return []
+    try:
+        mode = launch_mode(run.settings.launcher, run.cluster.origin, run.cluster.source)
+    except FdlError:
+        return []  # said by launch itself
+    found = next((run.root / n for n in COMPOSE_FILES if (run.root / n).is_file()), None)
+    if mode != "fdl" or found is None:
+        return []
+    try:
+        data = yaml.safe_load(found.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    return (
+        [] if forwards(data, service.service) else [forwarding_warning(str(found), service.service)]
+    )
+
+
+def with_warnings(verdict: Verdict, warnings: Sequence[str]) -> Verdict:
+    """The verdict with these warnings added (an "ok" becomes "warning")."""
+    if not warnings:
+        return verdict
+    status = "warning" if verdict.status == "ok" else verdict.status
+    return attrs.evolve(verdict, status=status, warnings=(*verdict.warnings, *warnings))
 
 
 def with_errors(verdict: Verdict, errors: Sequence[str]) -> Verdict:

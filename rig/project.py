@@ -185,6 +185,8 @@ def _compose_service(
             "LIBTORCH_PATH": "/usr/local/libtorch",
             # Lets fault tests keep a build in flight (see the fixture's build.rs).
             "FDL_FIXTURE_BUILD_SLEEP": "${FDL_FIXTURE_BUILD_SLEEP:-0}",
+            # flodl's launcher in this service reads the envelope (flodl forwards it too).
+            "FLODL_INTERNAL_PREBUILD_PER_HOST": None,
             **({} if own_toolchain else toolchain_env()),
         },
         **extra,

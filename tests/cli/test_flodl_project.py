@@ -212,3 +212,22 @@ def test_launcher_fdl_on_a_cluster_yaml_project_is_refused(project: Path) -> Non
     done = run_inv(project, "--dry", "launch", "--cmd", "ddp-bench", "--launcher", "fdl")
     assert done.returncode == 1
     assert "is not read from one" in done.stderr
+
+
+@pytest.mark.parametrize("forwarded", [False, True])
+def test_preflight_warns_when_the_compose_service_drops_the_envelope(
+    project: Path, forwarded: bool
+) -> None:
+    overlay = project / "fdl.cluster.yml"
+    overlay.write_text(
+        overlay.read_text().replace(
+            "path: " + str(project) + "}", "path: " + str(project) + ", docker: cuda}", 1
+        )
+    )
+    environment = ["CUDA_TAG", *(["FLODL_INTERNAL_PREBUILD_PER_HOST"] if forwarded else [])]
+    (project / "docker-compose.yml").write_text(
+        f"services:\n  cuda:\n    image: flodl-cuda:12.8\n    environment: {environment}\n"
+    )
+    done = run_inv(project, "preflight", "--no-prebuild", env={"FLODL_HOST_NAME": "ctrl"})
+    said = "compose service 'cuda' (" + str(project / "docker-compose.yml") + ") does not forward"
+    assert (said in done.stderr) is not forwarded, done.stderr

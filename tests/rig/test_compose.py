@@ -64,7 +64,6 @@ def flodl_cluster_file(rig: RigCluster, service: str = "cuda") -> Path:
     for index, (host, arch) in enumerate(ARCHS.items()):
         entry = rig.worker(host, arch=arch)
         entry |= {
-            "ranks": [index],
             "local_devices": [0] if index else "all",
             "nccl_socket_ifname": "lo",
             "tunnel": index == 2,
