@@ -22,6 +22,7 @@ import yaml
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, decode
 from rig.harness import RigCluster, run_inv, start_rig, write_tasks_file
 from rig.sshrig import HostSpec
+from tests.unit.docs_text import blocks
 
 pytestmark = pytest.mark.rig
 
@@ -60,6 +61,18 @@ def flodl_project(rig: RigCluster) -> Path:
     return project
 
 
+def recording_fdl(directory: Path) -> dict[str, str]:
+    """The stand-in ``fdl`` in ``directory``; ``PATH`` with it first."""
+    directory.mkdir()
+    fdl = directory / "fdl"
+    record = directory / "record.json"
+    fdl.write_text(
+        RECORDER.format(python=sys.executable, record=str(record), variable=ENV_PREBUILD_PER_HOST)
+    )
+    fdl.chmod(0o755)
+    return {"PATH": f"{directory}:{os.environ['PATH']}"}
+
+
 def test_prebuild_then_launch_through_flodl_s_launcher(rig: RigCluster, tmp_path: Path) -> None:
     project = flodl_project(rig)
     built = run_inv(project, "prebuild", "--cmd", "ddp-bench", env=rig.environment(), timeout=600)
@@ -68,15 +81,8 @@ def test_prebuild_then_launch_through_flodl_s_launcher(rig: RigCluster, tmp_path
     envelope = decode(published, "envelope")
     assert sorted(envelope) == sorted(ARCHS)
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    record = tmp_path / "record.json"
-    fdl = bin_dir / "fdl"
-    fdl.write_text(
-        RECORDER.format(python=sys.executable, record=str(record), variable=ENV_PREBUILD_PER_HOST)
-    )
-    fdl.chmod(0o755)
-    path = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    path = recording_fdl(tmp_path / "bin")
+    record = tmp_path / "bin" / "record.json"
     launched = run_inv(
         project,
         "launch",
@@ -98,3 +104,20 @@ def test_prebuild_then_launch_through_flodl_s_launcher(rig: RigCluster, tmp_path
     for host, arch in ARCHS.items():
         line = rig.run_on_host(host, str(project), handed[host])
         assert f"variant={arch}" in line, line
+
+
+def test_compose_md_s_train_task_prebuilds_then_hands_the_envelope_to_fdl(
+    rig: RigCluster, tmp_path: Path
+) -> None:
+    """docs/compose.md's composed task, as printed, through the real ``inv``."""
+    project = flodl_project(rig)
+    page = Path(__file__).parents[2] / "docs" / "compose.md"
+    train = next(b.text for b in blocks(page) if "def train(" in b.text)
+    (project / "tasks.py").write_text(train)
+    path = recording_fdl(tmp_path / "bin")
+    done = run_inv(project, "train", "--epochs", "2", env=rig.environment(path), timeout=600)
+    assert done.returncode == 7, done.stderr  # the stand-in's exit code, through c.run
+    seen = json.loads((tmp_path / "bin" / "record.json").read_text())
+    assert seen["argv"] == ["@cluster", "ddp-bench", "--no-prebuild", "--epochs", "2"]
+    published = (project / "target/cluster/_envelopes/ddp-bench.json").read_text()
+    assert seen["envelope"] == published.rstrip("\n")
