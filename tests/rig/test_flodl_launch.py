@@ -114,6 +114,14 @@ def test_compose_md_s_train_task_prebuilds_then_hands_the_envelope_to_fdl(
     page = Path(__file__).parents[2] / "docs" / "compose.md"
     train = next(b.text for b in blocks(page) if "def train(" in b.text)
     (project / "tasks.py").write_text(train)
+    # Without fdl-tasks' collection, Invoke reads no INVOKE_FDL_* variable: the rig's
+    # settings (its known_hosts, no ssh config) go in invoke.yaml, as a user's would.
+    settings = {
+        name.removeprefix("INVOKE_FDL_").lower(): value
+        for name, value in rig.environment().items()
+        if name.startswith("INVOKE_FDL_")
+    }
+    (project / "invoke.yaml").write_text(yaml.safe_dump({"fdl": settings}))
     path = recording_fdl(tmp_path / "bin")
     done = run_inv(project, "train", "--epochs", "2", env=rig.environment(path), timeout=600)
     assert done.returncode == 7, done.stderr  # the stand-in's exit code, through c.run
