@@ -1,6 +1,6 @@
 """The README's quick start, followed literally against the demo rig.
 
-The files (``tasks.py``, ``invoke.yaml``, ``fdl.cluster.yml``) and the
+The files (``tasks.py``, ``invoke.yaml``, ``cluster.yaml``) and the
 commands of its "First run" block are taken from README.md itself, so this
 test fails when the README changes wrongly. The rig is the demo's
 (:mod:`rig.demo`: the same project, hosts, paths and client key path as
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.rig
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 FIRST = "127.0.6.40"
-FILES = ("tasks.py", "invoke.yaml", "fdl.cluster.yml")
+FILES = ("tasks.py", "invoke.yaml", "cluster.yaml")
 
 
 def quick_start() -> tuple[dict[str, str], list[list[str]]]:
@@ -131,7 +131,7 @@ def test_the_quick_start_as_printed(
         spec.address: new.address
         for spec, new in zip(demo.HOSTS, demo.hosts_from(FIRST), strict=True)
     }
-    cluster = yaml.safe_load(files["fdl.cluster.yml"])
+    cluster = yaml.safe_load(files["cluster.yaml"])
     project = Path(cluster["controller"]["path"])
     hosts = [worker["host"] for worker in cluster["workers"]]
     for name, text in files.items():
