@@ -13,7 +13,7 @@ inside flodl's blocks get a line of their own, saying where they belong
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fdl_tasks.values import LAUNCHER_OWNED, LAUNCHER_OWNED_PREFIX, kind_of, quote
@@ -187,8 +187,9 @@ def struct_problems(value: object, fields: Struct, where: str = "") -> list[str]
     return problems
 
 
-def our_keys(data: Mapping[str, Any]) -> list[str]:
-    """Each key of this tool's inside flodl's cluster block, with where it belongs."""
+def our_keys(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Each key of this tool's inside flodl's cluster block: its path, and the line saying
+    where it belongs."""
     block = data.get("cluster")
     if not isinstance(block, dict):
         return []
@@ -204,7 +205,7 @@ def our_keys(data: Mapping[str, Any]) -> list[str]:
             where = f"cluster.workers[{index}]"
             found += [(where, k) for k in OURS["cluster.workers[]"] if k in worker]
     return [
-        f"{where}.{key} is fdl-tasks' key, not flodl's: {_belongs(where, key)}"
+        (f"{where}.{key}", f"{where}.{key} is fdl-tasks' key, not flodl's: {_belongs(where, key)}")
         for where, key in found
     ]
 
@@ -228,6 +229,7 @@ def project_problems(data: object) -> list[str]:
     if not isinstance(data, dict):
         return [f"(top level): expected a mapping, got {kind_of(data)}"]
     ours = our_keys(data)
+    explained = tuple(f"{path}:" for path, _ in ours)  # their "unknown field" lines
     unknown = [k for k in data if k not in PROJECT_KEYS]
     problems = [f"{k}: unknown field (expected one of: {', '.join(PROJECT_KEYS)})" for k in unknown]
     if data.get("description") is not None and (p := _string(data["description"])):
@@ -240,16 +242,8 @@ def project_problems(data: object) -> list[str]:
         problems.append(f"commands: expected a mapping, got {kind_of(data['commands'])}")
     block = data.get("cluster")
     if block is not None:
-        problems += [p for p in cluster_problems(block) if not _is_ours(p, ours)]
-    return ours + problems
-
-
-def _is_ours(problem: str, ours: Sequence[str]) -> bool:
-    """The "unknown field" line of a key that :func:`our_keys` already explained."""
-    return any(problem.startswith(line.split(" is fdl-tasks'")[0] + ":") for line in ours) or (
-        problem.startswith("cluster.controller.docker: expected a string")
-        and any(line.startswith("cluster.controller.docker ") for line in ours)
-    )
+        problems += [p for p in cluster_problems(block) if not p.startswith(explained)]
+    return [line for _, line in ours] + problems
 
 
 def cluster_problems(block: object) -> list[str]:
