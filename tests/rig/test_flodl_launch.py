@@ -26,7 +26,7 @@ from tests.unit.docs_text import blocks
 
 pytestmark = pytest.mark.rig
 
-HOSTS = [HostSpec("fl-a", "127.0.0.245"), HostSpec("fl-b", "127.0.0.246")]
+HOSTS = [HostSpec("fl-a", "127.0.0.247"), HostSpec("fl-b", "127.0.0.248")]
 ARCHS = {"fl-a": "precompiled/cu128", "fl-b": "precompiled/cpu"}
 RECORDER = """\
 #!{python}
