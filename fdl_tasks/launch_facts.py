@@ -78,7 +78,7 @@ def all_devices_error(local_devices: object, vendor: Vendor, gpus: GpuReport) ->
     if gpus.tools:
         found = f"{', '.join(gpus.tools)} listed no {wanted}"
     else:
-        found = "no GPU tool (nvidia-smi, rocminfo, KFD's topology) answered over ssh"
+        found = "no GPU tool answered over ssh: nvidia-smi, rocminfo, KFD's topology"
     return (
         f"local_devices: all, but this host has no {wanted} ({found}): flodl's launcher "
         "counts 0 devices here and refuses to launch; list the devices instead "

@@ -86,10 +86,10 @@ class VariantLibraries:
         ]
 
     def error(self, unmet: Iterable[UnmetVersion]) -> str:
-        """What a host whose linker lacks these versions is told."""
+        """What a host whose libraries lack these versions is told."""
         return (
-            f"libtorch variant {self.arch} cannot load on this host: {unmet_text(unmet)} "
-            f"(ldd in {self.lib}), which this host's libraries lack: the variant was built "
-            "against a newer C library; use one built for an older baseline, or a newer "
-            "distribution on this host"
+            f"libtorch variant {self.arch} cannot load on this host: {unmet_text(unmet)}, "
+            f"which this host's libraries lack (ldd in {self.lib}); the variant was built "
+            "against a newer C or C++ library: use one built for an older baseline, or a "
+            "newer distribution on this host"
         )

@@ -195,7 +195,7 @@ def test_local_devices_all_error_says_what_answered() -> None:
     amd = all_devices_error("all", "nvidia", GpuReport(("rocminfo",), (AMD,)))
     assert amd is not None and "no NVIDIA GPU (rocminfo listed no NVIDIA GPU)" in amd
     silent = all_devices_error("all", "nvidia", GpuReport())
-    assert silent is not None and "no GPU tool (nvidia-smi, rocminfo" in silent
+    assert silent is not None and "no GPU tool answered over ssh: nvidia-smi" in silent
 
 
 def test_the_gpu_gate_refuses_local_devices_all_on_a_host_without_gpus(tmp_path: Path) -> None:
