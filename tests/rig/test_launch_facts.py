@@ -20,7 +20,7 @@ import pytest
 
 from fdl_tasks.binary_check import delivery_problems, parse_verification, verification_script
 from fdl_tasks.envelope import PerHostEnvelope
-from rig.harness import RigCluster, start_rig
+from rig.harness import RigCluster, inv_argv, start_rig
 from rig.newer_glibc import NEWER, add_newer_glibc_variant
 from rig.sshrig import HostSpec
 
@@ -70,6 +70,33 @@ def test_loopback_controller_host_with_a_worker_elsewhere_is_a_warning(rig: RigC
     quiet = rig.inv("preflight", "--cluster-file", str(near))
     assert quiet.returncode == 0, quiet.stderr
     assert "controller.host" not in quiet.stderr  # every worker on this machine
+
+
+def test_the_debian_hostname_trap_names_127_0_1_1(rig: RigCluster) -> None:
+    """Debian's /etc/hosts maps the machine's name to 127.0.1.1: ``inv`` runs where a
+    hosts file of that form is bind-mounted on /etc/hosts (a private mount namespace)."""
+    hosts = rig.root / "debian-hosts"
+    hosts.write_text("127.0.0.1\tlocalhost\n127.0.1.1\tfdl-controller.example\tfdl-controller\n")
+    path = rig.write([far_worker(rig)], "debian.yaml", host="fdl-controller", port=1337)
+    mounted = 'mount --bind "$0" /etc/hosts && exec "$@"'
+    done = subprocess.run(
+        [
+            *("unshare", "--mount", "--propagation", "private", "sh", "-c", mounted),
+            str(hosts),
+            *inv_argv("preflight", "--cluster-file", str(path)),
+        ],
+        cwd=rig.root,
+        env=rig.environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "  warning  ctrl (controller, local): controller.host fdl-controller resolves on the "
+        f"controller only to loopback (127.0.1.1), but worker far is reached at {ELSEWHERE}"
+    ) in done.stderr
 
 
 def test_local_devices_all_on_a_host_without_a_gpu_is_refused_before_any_build(
