@@ -18,6 +18,7 @@ from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError
 from fdl_tasks.names import join_path
 from fdl_tasks.probe import BEGIN, END, HOST_FACT_LINES, glibc_version, marked_answers
+from fdl_tasks.unmet_versions import UNMET_KEY, UNMET_SED, UnmetVersion, parse_unmet, unmet_text
 
 _GLIBC_SYMBOL = re.compile(r"GLIBC_(\d+)\.(\d+)")
 
@@ -62,7 +63,8 @@ def verification_script(worker_path: str, entry: PerHostEnvelope) -> str:
             f"if [ -f {binary} ]; then echo \"sha256=$(sha256sum {binary} | cut -d' ' -f1)\"; "
             "else echo sha256=missing; fi",
             f"LD_LIBRARY_PATH={library_path} ldd {binary} 2>&1 | "
-            "sed -n 's/^[[:space:]]*\\([^[:space:]]*\\) => not found.*/missing_lib=\\1/p'",
+            "sed -n -e 's/^[[:space:]]*\\([^[:space:]]*\\) => not found.*/missing_lib=\\1/p' "
+            f"-e {shlex.quote(UNMET_SED)}",
             *HOST_FACT_LINES,
             f"[ -f {binary} ] && printf 'elf=%s\\n' "
             f"\"$(od -An -tu1 -N20 {binary} | tr -s ' \\n' ' ')\"",
@@ -109,6 +111,8 @@ class RemoteCopy:
     glibc: tuple[int, int] | None = None
     cpu_arch: str | None = None  # the host's ``uname -m``
     binary_cpu_arch: str | None = None  # what the copy's ELF header says it is for
+    #: Versions the binary or a library it loads needs that the host's libraries lack.
+    unmet: tuple[UnmetVersion, ...] = ()
 
 
 def parse_verification(stdout: str) -> RemoteCopy | None:
@@ -122,6 +126,7 @@ def parse_verification(stdout: str) -> RemoteCopy | None:
         glibc=glibc_version(answers.get("libc")),
         cpu_arch=answers.get("cpu_arch") or None,
         binary_cpu_arch=elf_machine(answers.get("elf") or ""),
+        unmet=parse_unmet(answers.every(UNMET_KEY)),
     )
 
 
@@ -147,6 +152,11 @@ def delivery_problems(
         problems.append(
             f"{host}: libraries not found with the envelope's LD_LIBRARY_PATH: "
             + ", ".join(copy.missing_libraries)
+        )
+    if copy.unmet:
+        problems.append(
+            f"{host}: versions not found with the envelope's LD_LIBRARY_PATH: "
+            f"{unmet_text(copy.unmet)}"
         )
     remote_glibc = copy.glibc
     if needed_glibc and remote_glibc and remote_glibc < needed_glibc:

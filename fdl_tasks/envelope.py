@@ -25,10 +25,9 @@ import attrs
 from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.converter import structure
 from fdl_tasks.errors import FdlError
-from fdl_tasks.gpus import runtime_library_path, vendor_of
 from fdl_tasks.layout import envelope_file, host_binary
 from fdl_tasks.model import WireText, Worker
-from fdl_tasks.variants import libtorch_dir, require_arch
+from fdl_tasks.variants import library_path, require_arch
 
 #: Carries the envelope map from prebuild to the launcher.
 ENV_PREBUILD_PER_HOST = "FLODL_INTERNAL_PREBUILD_PER_HOST"
@@ -55,9 +54,7 @@ class PerHostEnvelope:
         arch = require_arch(worker)
         return cls(
             bin=host_binary(worker.host, arch, command, cpu_arch),
-            ld_library_path=runtime_library_path(
-                vendor_of(arch, worker.features), f"{libtorch_dir(worker.path, arch)}/lib"
-            ),
+            ld_library_path=library_path(worker, arch),
             cwd_subpath=crate_dir,
         )
 

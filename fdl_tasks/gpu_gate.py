@@ -17,6 +17,7 @@ from fdl_tasks.binary_check import file_machine
 from fdl_tasks.coverage import ArchFile, judge_coverage, parse_arch_file
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpus import unknown_name_warning, vendor_of
+from fdl_tasks.launch_facts import all_devices_error
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.probe import Status, Verdict
 from fdl_tasks.values import InvalidValue, check_arch
@@ -88,7 +89,8 @@ def _cpu_by_default(chosen: str, tools: Sequence[str]) -> str:
 
 
 def gate(verdict: Verdict, worker: Worker, root: Path) -> Verdict:
-    """The verdict with the host's GPU errors, warnings and notes added.
+    """The verdict with the host's GPU errors (``local_devices: all`` counting none among
+    them), warnings and notes added.
 
     A host that gave no answer, was not asked about GPUs, or has no arch is left as it is.
     """
@@ -112,7 +114,8 @@ def gate(verdict: Verdict, worker: Worker, root: Path) -> Verdict:
     vendor = vendor_of(worker.arch, worker.features)
     info = read_arch_file(root, worker.arch) if vendor != "cpu" else None
     coverage = judge_coverage(worker.arch, vendor, facts.gpus, info)
-    errors = (*verdict.errors, *coverage.errors)
+    devices = all_devices_error(worker.local_devices, vendor, facts.gpus)
+    errors = (*verdict.errors, *coverage.errors, *([devices] if devices else []))
     warnings += coverage.warnings
     status: Status = "error" if errors else "warning" if warnings else verdict.status
     return attrs.evolve(

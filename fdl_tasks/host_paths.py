@@ -16,7 +16,7 @@ import attrs
 from fdl_tasks.auto_arch import AUTO
 from fdl_tasks.model import Worker
 from fdl_tasks.names import join_path
-from fdl_tasks.variants import libtorch_dir
+from fdl_tasks.variants import variant_lib
 
 #: The probe's keys, in the order a missing one explains the next ones.
 KEYS = ("path", "libtorch", "workdir")
@@ -41,7 +41,7 @@ class HostPaths:
     def for_worker(cls, worker: Worker, crate: str | None, source: str) -> HostPaths:
         copy = worker.delivery == "copy"
         arch = worker.arch if worker.arch != AUTO else None
-        libtorch = f"{libtorch_dir(worker.path, arch)}/lib" if arch else ""
+        libtorch = variant_lib(worker.path, arch) if arch else ""
         workdir = join_path(worker.path, crate) if crate and not copy else ""
         return cls(worker.path, libtorch, workdir, copy, source)
 

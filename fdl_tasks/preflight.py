@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import shlex
+import socket
 import subprocess
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ from fdl_tasks.backends.protocol import Backend
 from fdl_tasks.controller_check import controller_problems
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpu_gate import gate
+from fdl_tasks.launch_facts import literal_address, loopback_warning
 from fdl_tasks.launch_mode import COMPOSE_FILES, forwarding_warning, forwards, launch_mode
 from fdl_tasks.login_verdicts import failed_verdict
 from fdl_tasks.model import Cluster, ComposeService, Controller, Worker
@@ -24,6 +26,7 @@ from fdl_tasks.outcomes import Failure
 from fdl_tasks.probe import (
     BuildEnvironment,
     ProbeRequest,
+    Status,
     Verdict,
     judge,
     parse_facts,
@@ -161,8 +164,9 @@ def run_preflight(
     builds = remotes if abi else ()
     cross = run.cluster.controller.cross
     pinned = {h: c for h, c in cross_cpu_archs(run).items() if c in cross}
-    with ThreadPoolExecutor(1) as side:
+    with ThreadPoolExecutor(2) as side:
         checked = side.submit(controller_problems, run.root, source, backend, builds, pinned)
+        loopback = side.submit(controller_loopback, run.cluster, remotes)
         with step(run, "preflight", run.controller):
             local = probe_controller(run.cluster, run.controller, run.settings)
         with round_trips(run, fleet, "preflight"):
@@ -173,8 +177,8 @@ def run_preflight(
     probed = {h: c for h, c in cross_cpu_archs(run, verdicts).items() if c in cross}
     if abi and probed != pinned:
         problems = controller_problems(run.root, source, backend, builds, probed)
-    local = with_warnings(local, compose_forwarding(run))
-    return [with_errors(local, problems), *verdicts]
+    warnings = [w for w in (loopback.result(),) if w] + compose_forwarding(run)
+    return [with_problems(local, problems, warnings), *verdicts]
 
 
 def compose_forwarding(run: Run) -> list[str]:
@@ -200,16 +204,42 @@ def compose_forwarding(run: Run) -> list[str]:
     )
 
 
-def with_warnings(verdict: Verdict, warnings: Sequence[str]) -> Verdict:
-    """The verdict with these warnings added (an "ok" becomes "warning")."""
-    if not warnings:
+def with_problems(verdict: Verdict, errors: Sequence[str], warnings: Sequence[str]) -> Verdict:
+    """The verdict with these errors and warnings added, its status following them."""
+    if not errors and not warnings:
         return verdict
-    status = "warning" if verdict.status == "ok" else verdict.status
-    return attrs.evolve(verdict, status=status, warnings=(*verdict.warnings, *warnings))
+    status: Status = "error" if errors or verdict.status == "error" else "warning"
+    return attrs.evolve(
+        verdict,
+        status=status,
+        errors=(*verdict.errors, *errors),
+        warnings=(*verdict.warnings, *warnings),
+    )
 
 
-def with_errors(verdict: Verdict, errors: Sequence[str]) -> Verdict:
-    """The verdict with these errors added (its status then "error")."""
-    if not errors:
-        return verdict
-    return attrs.evolve(verdict, status="error", errors=(*verdict.errors, *errors))
+def resolve(name: str) -> tuple[str, ...] | None:
+    """The addresses ``name`` resolves to here (a literal IP is itself); ``None`` when it
+    does not resolve."""
+    literal = literal_address(name)
+    if literal is not None:
+        return (literal,)
+    try:
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):  # socket.gaierror is an OSError
+        return None
+    return tuple(dict.fromkeys(str(info[4][0]) for info in found))
+
+
+def controller_loopback(cluster: Cluster, remotes: Sequence[Worker]) -> str | None:
+    """:func:`~fdl_tasks.launch_facts.loopback_warning`, its names resolved on this machine.
+
+    A tunneled worker (``tunnel: true``) dials its own loopback forward, not
+    ``controller.host``: it is left out. Worker targets are resolved only while needed.
+    """
+    host = cluster.controller.host
+    if not isinstance(host, str) or not host:
+        return None
+    targets = (
+        (w.host, w.ssh_target, resolve(w.ssh_target)) for w in remotes if w.tunnel is not True
+    )
+    return loopback_warning(host, resolve(host), targets)

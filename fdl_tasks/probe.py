@@ -18,6 +18,7 @@ from fdl_tasks.gpu_probe import GPU_FACT_LINES, gpu_report
 from fdl_tasks.gpus import GpuReport
 from fdl_tasks.host_paths import KEYS, HostPaths
 from fdl_tasks.model import DEFAULT_DATA_PATH, Controller, Worker
+from fdl_tasks.unmet_versions import UNMET_KEY, UnmetVersion, VariantLibraries, parse_unmet
 
 Status = Literal["ok", "warning", "error"]
 DataState = Literal["ok", "missing", "unreadable"]
@@ -47,6 +48,8 @@ class ProbeRequest:
     abi: bool
     #: A remote host's own directories (``None``: the controller, checked apart).
     paths: HostPaths | None = None
+    #: With ``abi``, a remote host's variant, once known: can its shared objects load?
+    variant: VariantLibraries | None = None
 
     @classmethod
     def for_host(
@@ -55,7 +58,8 @@ class ProbeRequest:
         """``crate``: the command's crate dir, once known; ``source``: the cluster file."""
         declared = host.data_path is not None
         paths = HostPaths.for_worker(host, crate, source) if isinstance(host, Worker) else None
-        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, paths)
+        variant = VariantLibraries.for_worker(host) if abi and isinstance(host, Worker) else None
+        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, paths, variant)
 
     def script(self) -> str:
         """POSIX sh that always exits 0 and prints every fact between the markers."""
@@ -72,6 +76,7 @@ class ProbeRequest:
                 *HOST_FACT_LINES,
                 "if command -v pkill >/dev/null 2>&1; then echo pkill=yes; else echo pkill=no; fi",
                 *GPU_FACT_LINES,
+                *(self.variant.lines() if self.variant else ()),
             ]
         lines += [f"echo {END}", "exit 0"]
         return "\n".join(lines)
@@ -88,6 +93,8 @@ class ProbeFacts:
     gpus: GpuReport | None = None
     #: Which of the host's own directories (:data:`fdl_tasks.host_paths.KEYS`) are missing.
     missing: frozenset[str] = frozenset()
+    #: What the variant's shared objects need that the host's libraries lack.
+    unmet: tuple[UnmetVersion, ...] = ()
 
     @property
     def musl(self) -> bool:
@@ -137,6 +144,7 @@ def parse_facts(stdout: str) -> ProbeFacts | None:
         pkill=None if pkill is None else pkill == "yes",
         gpus=gpu_report(answers),
         missing=frozenset(key for key in KEYS if answers.get(key) == "missing"),
+        unmet=parse_unmet(answers.every(UNMET_KEY)),
     )
 
 
@@ -224,6 +232,8 @@ def judge(
         errors += request.paths.errors(host, facts.missing)
     if request.abi and facts is not None:
         _abi_gate(facts, build, pinned, errors, warnings)
+    if request.variant is not None and facts is not None and facts.unmet:
+        errors.append(request.variant.error(facts.unmet))
     status: Status = "error" if errors else "warning" if warnings else "ok"
     return Verdict(host, status, tuple(errors), tuple(warnings), facts, path, local, tuple(notes))
 

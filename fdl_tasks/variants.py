@@ -10,7 +10,7 @@ import re
 import attrs
 
 from fdl_tasks.errors import FdlError
-from fdl_tasks.gpus import features_for
+from fdl_tasks.gpus import features_for, runtime_library_path, vendor_of
 from fdl_tasks.model import Arch, Worker
 
 #: The image template fields an arch's CUDA version fills in.
@@ -67,3 +67,13 @@ def libtorch_root(root: str) -> str:
 def libtorch_dir(root: str, arch: Arch) -> str:
     """``<root>/libtorch/<arch>``, with a trailing ``/`` on root trimmed."""
     return f"{libtorch_root(root)}/{arch}"
+
+
+def variant_lib(root: str, arch: Arch) -> str:
+    """``<root>/libtorch/<arch>/lib``: the variant's shared objects."""
+    return f"{libtorch_dir(root, arch)}/lib"
+
+
+def library_path(worker: Worker, arch: Arch) -> str:
+    """The ``LD_LIBRARY_PATH`` flodl's launcher gives the worker's binary (the envelope's)."""
+    return runtime_library_path(vendor_of(arch, worker.features), variant_lib(worker.path, arch))

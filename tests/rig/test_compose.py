@@ -34,7 +34,7 @@ from rig.sshrig import HostSpec
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
 HOSTS = [
-    HostSpec("gb-1", "127.0.0.95"),
+    HostSpec("gb-1", "127.0.0.95", gpus="blackwell"),  # its local_devices: all counts one
     HostSpec("gb-2", "127.0.0.96"),
     HostSpec("pascal", "127.0.0.97"),
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import attrs
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
@@ -105,3 +106,40 @@ def test_verification_script_hashes_and_ldds_exactly_the_hostile_binary_path(
         assert lddeds == {(binary,): entry.ld_library_path, ("--version",): None}
         copy = parse_verification(stdout)
         assert copy is not None and (copy.sha256 is None) == (not present), stdout
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    suffix=printable,
+    arch=mostly(good_arches),
+    names=st.lists(st.sampled_from(["libtorch.so", "libc10.so", "libx.so.1", "notlib.so"])),
+)
+def test_probe_ldds_each_variant_library_of_the_hostile_path_and_nothing_else(
+    recorders: Path, suffix: str, arch: str, names: list[str]
+) -> None:
+    with sandbox(recorders) as box:
+        path = box.path(suffix)
+        cluster = load(
+            {"controller": {"path": "/p"}, "workers": [one_worker(path, arch=arch)]},
+            "workers[0].",
+        )
+        if cluster is None:
+            reject()  # refused cleanly (checked): draw an example that reaches the shell
+        worker = cluster.workers[0]
+        lib = f"{worker.path.rstrip('/')}/libtorch/{worker.arch}/lib"
+        real = os.path.realpath(worker.path)
+        if os.path.lexists(real) and not os.path.isdir(real):
+            return  # suffix resolved to a file of the sandbox (box.path never leaves it)
+        os.makedirs(lib, exist_ok=True)
+        for name in names:
+            Path(lib, name).write_bytes(b"\x7fELF")
+        request = attrs.evolve(ProbeRequest.for_host(worker, abi=True), paths=None)
+        calls, stdout = box.run(request.script())
+        assert parse_facts(stdout) is not None, stdout
+        lddeds = [(c.argv, c.ld_library_path) for c in calls if c.name == "ldd"]
+        library_path = PerHostEnvelope.for_worker(worker, "x", "").ld_library_path
+        expected = [((f"{lib}/{n}",), library_path) for n in sorted(set(names)) if n != "libx.so.1"]
+        expected = [e for e in expected if not e[0][0].endswith("/notlib.so")]
+        assert sorted(lddeds) == sorted([(("--version",), None), *expected])
+        others = sorted(c.name for c in calls if c.name != "ldd")
+        assert others == sorted(["head", "tr", "uname", *["sed"] * len(expected)])
