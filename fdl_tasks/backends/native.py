@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fdl_tasks.build_argv import cargo_argv, cross_variables
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
-from fdl_tasks.build_stamps import StampInputs
+from fdl_tasks.build_record import RecordInputs
 from fdl_tasks.cache import CompileCache, stop_server, with_stats
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpus import Vendor
@@ -119,9 +119,11 @@ class NativeBackend:
         """None: a native build's exit code is cargo's own."""
         return None
 
-    def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
-        """None: native cargo reads this machine's toolchain, ``~/.cargo`` and environment."""
-        return None
+    def record_inputs(self, job: BuildJob) -> RecordInputs:
+        """No identity: native cargo reads this machine's toolchain, ``~/.cargo`` and
+        environment. The paths are the controller's; only the project's are recorded
+        (what ``~/.cargo`` holds is immutable once downloaded)."""
+        return RecordInputs(None, ((self.controller.path, self.controller.path),))
 
     def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
         """The build's process group (its id is the process's: ``exec setsid``)."""

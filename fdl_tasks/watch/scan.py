@@ -24,6 +24,10 @@ from fdl_tasks.watch.snapshot import Entry, Snapshot, needs_digest
 
 _CHUNK = 1 << 20
 
+#: The digest a look may keep without reading a file: (previous entry, entry now, when
+#: the previous look was taken) → the previous digest, or ``None`` to read it.
+KeepDigest = Callable[[Entry | None, Entry, int], str | None]
+
 
 def digest(path: str) -> str | None:
     """The content's digest (``None``: unreadable now, which a later look retries)."""
@@ -53,9 +57,15 @@ class _Look:
     """One look in progress: what it saw so far."""
 
     def __init__(
-        self, scope: Scope, previous: Snapshot | None, now_ns: int, counts: Callable[[str], bool]
+        self,
+        scope: Scope,
+        previous: Snapshot | None,
+        now_ns: int,
+        counts: Callable[[str], bool],
+        keep: KeepDigest | None,
     ) -> None:
         self.scope, self.previous, self.now_ns, self.counts = scope, previous, now_ns, counts
+        self.keep = keep
         self.libtorch = posixpath.join(scope.root, "libtorch")
         self.entries: dict[str, Entry] = {}
         self.dirs: set[str] = set()
@@ -63,7 +73,11 @@ class _Look:
     def add(self, path: str, st: os.stat_result) -> None:
         new = entry_of(st)
         old = self.previous.entries.get(path) if self.previous else None
-        if needs_digest(old, new, self.now_ns) and self.counts(path):
+        if self.keep is not None:
+            if not new.is_dir and self.counts(path):
+                kept = self.keep(old, new, self.previous.taken_ns) if self.previous else None
+                new = attrs.evolve(new, digest=kept or digest(path))
+        elif needs_digest(old, new, self.now_ns) and self.counts(path):
             new = attrs.evolve(new, digest=digest(path))
         self.entries[path] = new
 
@@ -111,14 +125,18 @@ def scan(
     previous: Snapshot | None,
     now_ns: int,
     counts: Callable[[str], bool] | None = None,
+    keep: KeepDigest | None = None,
 ) -> Snapshot:
     """Every path ``plan`` covers, as it is now; ``now_ns``: the file system's clock.
 
     ``previous`` (the last look) says which files must be read again to settle
     a racy stat; only files that count are ever read (``counts``; by default
-    those ``scope`` classifies as a change).
+    those ``scope`` classifies as a change). With ``keep`` (a build record's look),
+    every file that counts has a digest: the previous look's where ``keep`` gives it
+    back, else read now.
     """
-    look = _Look(scope, previous, now_ns, counts or (lambda path: scope.classify(path) is not None))
+    counted = counts or (lambda path: scope.classify(path) is not None)
+    look = _Look(scope, previous, now_ns, counted, keep)
     for tree in plan.recursive:
         look.listing(tree, recursive=True)
     for directory in plan.flat:

@@ -1,0 +1,173 @@
+"""A binary is current only if it was built from the bytes on disk now, for real.
+
+Each case edits a file so that cargo's mtime rule calls the last build fresh
+(the same second, an mtime set back, a path dependency, an ``include_str!``
+file, a build script's ``rerun-if-changed`` input), runs the real ``inv
+prebuild``, then runs the host's published binary over its own sshd and reads
+what it prints: never a log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fdl_tasks.envelope import decode
+from rig.harness import RigCluster, Running, start_rig
+from rig.project import FIXTURE_DIR
+from rig.sshrig import HostSpec
+from tests.rig.test_everyday import containers_run, docker_calls
+
+pytestmark = [pytest.mark.rig, pytest.mark.docker]
+
+HOSTS = [HostSpec("f1", "127.0.0.150")]
+ARCH = "precompiled/cu128"
+ENV = {"INVOKE_FDL_COMPILE_CACHE": "0"}
+MODES = ("native", "docker")
+MAIN_RS = "ddp-bench/src/main.rs"
+BUILD_RS = "ddp-bench/build.rs"
+UTIL_RS = "fixture-util/src/lib.rs"
+#: main.rs printing ``note=<NOTE>`` at the end of its first line, NOTE given as Rust text.
+PRINT = 'cuda={cuda}");'
+HOUR = 3600 * 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
+    with start_rig(tmp_path_factory.mktemp("fresh"), HOSTS, [ARCH], docker=True) as cluster:
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def pristine(rig: RigCluster) -> Iterator[None]:
+    """The fixture's own sources and no target tree at each test's start."""
+    for name in (MAIN_RS, BUILD_RS, UTIL_RS):
+        shutil.copyfile(FIXTURE_DIR / name, rig.project / name)
+    for name in ("ddp-bench/src/note.txt", "ddp-bench/note.txt"):
+        (rig.project / name).unlink(missing_ok=True)
+    shutil.rmtree(rig.project / "target", ignore_errors=True)
+    yield
+    Running.stop_all()
+
+
+def cluster_file(rig: RigCluster, mode: str) -> Path:
+    docker = {"docker": rig.docker_settings()} if mode == "docker" else {}
+    return rig.write([rig.worker("f1", arch=ARCH)], f"{mode}.yaml", **docker)
+
+
+def prebuild(
+    rig: RigCluster, path: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    done = rig.inv(
+        "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), env={**ENV, **(env or {})}
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def printed(rig: RigCluster) -> str:
+    """The first line the host's published binary prints, run over its own sshd."""
+    envelope = rig.project / "target/cluster/_envelopes/ddp-bench.json"
+    entry = decode(envelope.read_text(), str(envelope))["f1"]
+    return rig.run_on_host("f1", str(rig.project), entry)
+
+
+def main_printing(rig: RigCluster, note: str) -> None:
+    """main.rs with ``note={}`` of the Rust expression ``note`` after its first line."""
+    main = rig.project / MAIN_RS
+    text = (FIXTURE_DIR / MAIN_RS).read_text()
+    main.write_text(text.replace(PRINT, f'cuda={{cuda}} note={{}}", {note});'))
+
+
+def rewrite(path: Path, text: str, mtime_ns: int) -> None:
+    """``path`` holding ``text``, its mtime then set to ``mtime_ns`` (a mount keeping
+    seconds, ``rsync -t``, ``cp -p``)."""
+    path.write_text(text)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def built_then_rewritten(
+    rig: RigCluster, mode: str, name: str, first: str, second: str, back_ns: int
+) -> tuple[str, str]:
+    """``name`` holding ``first``, built and published; then ``second`` with the mtime it
+    had plus ``back_ns`` (negative: set back), built again: what the host printed after
+    each build."""
+    path, cluster = rig.project / name, cluster_file(rig, mode)
+    path.write_text(first)
+    prebuild(rig, cluster)
+    before = printed(rig)
+    rewrite(path, second, path.stat().st_mtime_ns + back_ns)
+    prebuild(rig, cluster)
+    return before, printed(rig)
+
+
+def notes(lines: tuple[str, str]) -> tuple[str, str]:
+    """The ``note=`` each line ends with."""
+    return lines[0].rpartition("note=")[2], lines[1].rpartition("note=")[2]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_second_save_in_the_same_second(rig: RigCluster, mode: str) -> None:
+    main_printing(rig, '"a"')
+    first = (rig.project / MAIN_RS).read_text()
+    second = first.replace('"a"', '"b"')
+    assert notes(built_then_rewritten(rig, mode, MAIN_RS, first, second, 1_000)) == ("a", "b")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_change_whose_mtime_goes_back_an_hour(rig: RigCluster, mode: str) -> None:
+    main_printing(rig, '"a"')
+    first = (rig.project / MAIN_RS).read_text()
+    second = first.replace('"a"', '"bb"')
+    assert notes(built_then_rewritten(rig, mode, MAIN_RS, first, second, -HOUR)) == ("a", "bb")
+
+
+def test_a_path_dependency_changed_with_an_old_mtime(rig: RigCluster) -> None:
+    main_printing(rig, "fixture_util::NOTE")
+    util = (FIXTURE_DIR / UTIL_RS).read_text()
+    first = util + '\npub const NOTE: &str = "a";\n'
+    second = util + '\npub const NOTE: &str = "b";\n'
+    assert notes(built_then_rewritten(rig, "docker", UTIL_RS, first, second, -HOUR)) == ("a", "b")
+
+
+def test_an_include_str_file_changed(rig: RigCluster) -> None:
+    main_printing(rig, 'include_str!("note.txt").trim()')
+    note = "ddp-bench/src/note.txt"
+    assert notes(built_then_rewritten(rig, "native", note, "a\n", "b\n", 1_000)) == ("a", "b")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_build_scripts_declared_input_changed_with_an_old_mtime(
+    rig: RigCluster, mode: str
+) -> None:
+    build_rs = rig.project / BUILD_RS
+    build_rs.write_text(
+        (FIXTURE_DIR / BUILD_RS)
+        .read_text()
+        .replace(
+            "fn main() {",
+            "fn main() {\n"
+            '    println!("cargo:rerun-if-changed=note.txt");\n'
+            '    let note = std::fs::read_to_string("note.txt").unwrap();\n'
+            '    println!("cargo:rustc-env=FDL_NOTE={}", note.trim());',
+            1,
+        )
+    )
+    main_printing(rig, 'env!("FDL_NOTE")')
+    lines = built_then_rewritten(rig, mode, "ddp-bench/note.txt", "a\n", "b\n", -HOUR)
+    assert notes(lines) == ("a", "b")
+
+
+def test_a_no_op_rebuilds_nothing_and_starts_no_container(rig: RigCluster) -> None:
+    cluster = cluster_file(rig, "docker")
+    prebuild(rig, cluster)
+    shim, calls = docker_calls(rig, "fresh-noop")
+    noop = prebuild(rig, cluster, shim)
+    assert containers_run(calls) == 0, calls.read_text()
+    assert "Compiling" not in noop.stderr
+    assert "cargo not started" in noop.stderr
