@@ -288,3 +288,32 @@ def tree_digest(record: BuildRecord) -> str:
         if not entry.is_dir:
             hasher.update(f"{path}\0{entry.digest or entry.mtime_ns}\n".encode())
     return hasher.hexdigest()
+
+
+def first_changed(record: BuildRecord, now: Snapshot) -> str | None:
+    """The first file (by path) some unit of ``record`` read whose content differs in
+    ``now``; ``None`` when the binary was built from what is on disk."""
+    changed = verdict(record, None, now, None).changed
+    return changed[0] if changed else None
+
+
+def sources_json(sources: Mapping[str, tuple[str, str]]) -> str:
+    """The envelope's sidecar: each host's record (relative to the project root) and the
+    digest of the tree its binary was built from."""
+    hosts = {host: {"record": record, "tree": tree} for host, (record, tree) in sources.items()}
+    return json.dumps({"version": VERSION, "hosts": dict(sorted(hosts.items()))}, indent=1)
+
+
+def read_sources(text: str) -> dict[str, tuple[str, str]]:
+    """What :func:`sources_json` wrote; nothing for anything else (a host without its
+    sources cannot be checked, and launches)."""
+    try:
+        data: Any = json.loads(text)
+        hosts = data["hosts"] if data.get("version") == VERSION else {}
+        return {
+            host: (entry["record"], entry["tree"])
+            for host, entry in hosts.items()
+            if isinstance(entry.get("record"), str) and isinstance(entry.get("tree"), str)
+        }
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}

@@ -14,6 +14,7 @@ from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.names import check_command, join_path
 from fdl_tasks.outcomes import Failure
+from fdl_tasks.record_files import stale_binary
 from fdl_tasks.remote import Fleet
 from fdl_tasks.run import Run
 from fdl_tasks.watch.launchwait import wait_for_watch
@@ -130,8 +131,9 @@ def launch_all(
     }
 
 
-def launch(run: Run, command: str, args: Sequence[str]) -> None:
-    """``inv launch``: the envelope checked against cluster.yaml, then every remote worker."""
+def launch(run: Run, command: str, args: Sequence[str], stale_ok: bool = False) -> None:
+    """``inv launch``: the envelope checked against cluster.yaml and the sources on disk
+    (``stale_ok``: not the sources), then every remote worker."""
     remotes = run.remotes
     run.note_unlisted_controller()
     if not run.dry:  # a `prebuild --watch` cycle in flight publishes first
@@ -143,6 +145,9 @@ def launch(run: Run, command: str, args: Sequence[str]) -> None:
             f"the envelope does not match {run.cluster.source} (stale? run prebuild "
             "again): " + "; ".join(problems)
         )
+    stale = None if stale_ok else stale_binary(run.root, command, [w.host for w in remotes])
+    if stale:
+        raise FdlError(stale)
     if run.dry:
         for worker in remotes:
             line = launch_line(worker, envelopes[worker.host], run.cluster.env, args)

@@ -41,13 +41,17 @@ from fdl_tasks.build_record import (
     Verdict,
     as_read,
     dep_info_paths,
+    first_changed,
     named,
+    read_sources,
     rerun_paths,
     reused_digest,
+    sources_json,
+    tree_digest,
     verdict,
 )
 from fdl_tasks.errors import FdlError
-from fdl_tasks.layout import MARKER_FILE, PROFILE_DIR
+from fdl_tasks.layout import MARKER_FILE, PROFILE_DIR, sources_file
 from fdl_tasks.variants import libtorch_dir
 from fdl_tasks.watch.roots import WatchPlan
 from fdl_tasks.watch.scan import entry_of, scan
@@ -189,13 +193,22 @@ class Records:
         read_trees = [t for t in plan.recursive if t in reads]
 
         def counts(path: str) -> bool:
+            """Read by content: what a unit named and the project's sources; never the
+            variant (its libraries run to gigabytes: its stat decides)."""
+            if under(path, variant):
+                return False
             if path in reads or any(under(path, t) for t in read_trees):
                 return True
-            outside = under(path, variant) or any(under(path, t) for t in mounted)
-            return not outside and scope.classify(path) is not None
+            return not any(under(path, t) for t in mounted) and scope.classify(path) is not None
+
+        def unnamed(path: str) -> bool:
+            """A file changed in the last seconds, which this build may be the first to
+            read: its content as the build starts (the variant apart)."""
+            return not under(path, variant)
 
         clock = _clock_ns(self.root / job.target_dir)
-        return scan(plan, scope, previous, clock, counts, keep=reused_digest), whole
+        look = scan(plan, scope, previous, clock, counts, keep=reused_digest, racy_counts=unnamed)
+        return look, whole
 
     def plan(
         self, job: BuildJob, inputs: RecordInputs, root: str, reads: set[str]
@@ -347,3 +360,63 @@ def _clock_ns(target_dir: Path) -> int:
         return min(now, (target_dir / MARKER_FILE).stat().st_mtime_ns)
     except OSError:
         return now
+
+
+# ---------------------------------------------------------------------------- provenance
+
+
+def write_sources(root: Path, command: str, jobs: Sequence[BuildJob], kept: set[str]) -> None:
+    """Beside the envelope just published: the record and tree digest of each host's
+    binary (the hosts in ``kept`` keep their entries: their binaries did not change)."""
+    path = root / sources_file(command)
+    sources = {h: e for h, e in read_sources(_text(path)).items() if h in kept}
+    for job in jobs:
+        record_path = record_file(root, job)
+        record = read_record(record_path)
+        if record is not None:
+            relative = str(record_path.relative_to(root))
+            sources |= dict.fromkeys(job.hosts, (relative, tree_digest(record)))
+    with contextlib.suppress(FdlError):  # without it, launch cannot check: it launches
+        write_atomically(path, sources_json(sources) + "\n")
+
+
+def stale_binary(root: Path, command: str, hosts: Sequence[str]) -> str | None:
+    """Why a host's published binary of ``command`` is not what its sources say now (the
+    first file found changed since it was built), or ``None``. A host the sidecar does
+    not name (published before it existed) is not checked."""
+    sources = read_sources(_text(root / sources_file(command)))
+    checked: dict[str, str | None] = {}
+    for host in hosts:
+        if host not in sources:
+            continue
+        record_path, tree = sources[host]
+        if record_path not in checked:
+            checked[record_path] = _staleness(root, record_path, tree)
+        if (why := checked[record_path]) is not None:
+            return (
+                f"{host}'s binary of {command} {why}: run inv prebuild --cmd {command} "
+                "(or launch it anyway with --stale-ok)"
+            )
+    return None
+
+
+def _staleness(root: Path, record_path: str, tree: str) -> str | None:
+    """How the binary recorded in ``record_path`` differs from its sources now."""
+    record = read_record(root / record_path)
+    if record is None or tree_digest(record) != tree:
+        return "was built from other sources than its target dir's last build"
+    reads = named(record.units)
+    trees = tuple(sorted(p for p in reads if os.path.isdir(p)))
+    flat = tuple(sorted({posixpath.dirname(p) for p in reads} - set(trees)))
+    top = posixpath.normpath(str(root))
+    scope = Scope(top, "", excluded=(posixpath.join(top, "target"),))
+
+    def counts(path: str) -> bool:
+        return path in reads or any(under(path, t) for t in trees)
+
+    look = scan(WatchPlan(trees, flat), scope, record.look, time.time_ns(), counts, reused_digest)
+    changed = first_changed(record, look)
+    if changed is None:
+        return None
+    shown = os.path.relpath(changed, top) if under(changed, top) else changed
+    return f"was built before {shown} changed"

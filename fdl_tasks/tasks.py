@@ -180,6 +180,7 @@ def _remainder_args() -> list[str]:
         "cluster-file": HELP["cluster-file"],
         "controller-host": HELP["controller-host"],
         "cmd": "the command whose prebuilt binary to run; required",
+        "stale-ok": "launch binaries whose sources changed since they were built",
     }
 )
 def launch(
@@ -187,11 +188,12 @@ def launch(
     cmd: str | None = None,
     cluster_file: str | None = None,
     controller_host: str | None = None,
+    stale_ok: bool = False,
 ) -> None:
     """Run the prebuilt CMD on every remote worker (arguments after --); lines prefixed [host]."""
     command = require_command(cmd)
     run = Run.start(c, cluster_file=cluster_file, controller_host=controller_host, label="launch")
-    launch_on_workers(run, command, _remainder_args())
+    launch_on_workers(run, command, _remainder_args(), stale_ok=stale_ok)
 
 
 @fdl_task(

@@ -171,3 +171,102 @@ def test_a_no_op_rebuilds_nothing_and_starts_no_container(rig: RigCluster) -> No
     assert containers_run(calls) == 0, calls.read_text()
     assert "Compiling" not in noop.stderr
     assert "cargo not started" in noop.stderr
+
+
+def test_launch_refuses_a_binary_whose_sources_changed(rig: RigCluster) -> None:
+    """The sidecar of the envelope names the tree each binary was built from: a source
+    changed since (in the same second) is refused in one line naming it and the fix;
+    ``--stale-ok`` launches the older binary anyway."""
+    cluster = cluster_file(rig, "native")
+    main_printing(rig, '"a"')
+    prebuild(rig, cluster)
+    sidecar = rig.project / "target/cluster/_envelopes/ddp-bench.sources.json"
+    assert "f1" in sidecar.read_text()
+    launch = ("launch", "--cmd", "ddp-bench", "--cluster-file", str(cluster))
+    ok = rig.inv(*launch, env=ENV)
+    assert ok.returncode == 0 and "[f1] ddp-bench" in ok.stdout and "note=a" in ok.stdout, ok.stderr
+
+    main = rig.project / MAIN_RS
+    rewrite(main, main.read_text().replace('"a"', '"b"'), main.stat().st_mtime_ns + 1_000)
+    refused = rig.inv(*launch, env=ENV)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        "fdl: f1's binary of ddp-bench was built before ddp-bench/src/main.rs changed: run "
+        "inv prebuild --cmd ddp-bench (or launch it anyway with --stale-ok)"
+    ], refused.stderr
+    assert "[f1]" not in refused.stdout
+    stale = rig.inv(*launch, "--stale-ok", env=ENV)
+    assert stale.returncode == 0 and "note=a" in stale.stdout, stale.stderr
+    prebuild(rig, cluster)
+    rebuilt = rig.inv(*launch, env=ENV)
+    assert rebuilt.returncode == 0 and "note=b" in rebuilt.stdout, rebuilt.stderr
+
+
+def record_of(rig: RigCluster) -> Path:
+    (record,) = (rig.project / "target/cluster").glob("*/*/.fdl-record-ddp-bench.json")
+    return record
+
+
+def truncate(rig: RigCluster) -> None:
+    record = record_of(rig)
+    record.write_text(record.read_text()[:100])
+
+
+def another_version(rig: RigCluster) -> None:
+    record = record_of(rig)
+    record.write_text(record.read_text().replace('"version": 3', '"version": 999', 1))
+
+
+HOSTILE = {"truncated": truncate, "another-version": another_version}
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_a_record_that_cannot_be_trusted_rebuilds(rig: RigCluster, hostile: str) -> None:
+    """Saved in the same second as the build, then the record damaged: every unit that
+    read the project is rebuilt, never the old binary published."""
+    cluster = cluster_file(rig, "native")
+    main_printing(rig, '"a"')
+    prebuild(rig, cluster)
+    main = rig.project / MAIN_RS
+    rewrite(main, main.read_text().replace('"a"', '"b"'), main.stat().st_mtime_ns + 1_000)
+    HOSTILE[hostile](rig)
+    done = prebuild(rig, cluster)
+    assert printed(rig).endswith("note=b"), done.stderr
+    assert "no usable record of what the last build read" in done.stderr
+
+
+def test_a_source_deleted_and_recreated_with_the_same_stat_is_rebuilt(rig: RigCluster) -> None:
+    cluster = cluster_file(rig, "docker")
+    main_printing(rig, '"a"')
+    prebuild(rig, cluster)
+    main = rig.project / MAIN_RS
+    before = main.stat()
+    text = main.read_text().replace('"a"', '"b"')
+    main.unlink()
+    main.write_text(text)
+    os.utime(main, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert main.stat().st_size == before.st_size and main.stat().st_mtime_ns == before.st_mtime_ns
+    prebuild(rig, cluster)
+    assert printed(rig).endswith("note=b")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_symlinked_source_changed_behind_its_link_is_rebuilt(rig: RigCluster, mode: str) -> None:
+    """main.rs is a link to a file elsewhere in the project; the file is saved again in
+    the same second."""
+    main_printing(rig, '"a"')
+    main = rig.project / MAIN_RS
+    real = rig.project / "ddp-bench/real-main.rs"
+    real.write_text(main.read_text())
+    main.unlink()
+    main.symlink_to("../real-main.rs")
+    try:
+        cluster = cluster_file(rig, mode)
+        prebuild(rig, cluster)
+        assert printed(rig).endswith("note=a")
+        rewrite(real, real.read_text().replace('"a"', '"b"'), real.stat().st_mtime_ns + 1_000)
+        prebuild(rig, cluster)
+        assert printed(rig).endswith("note=b")
+    finally:
+        main.unlink()
+        real.unlink()
