@@ -40,6 +40,9 @@ from fdl_tasks.watch.snapshot import Entry, Snapshot, diff, racy
 #: Bumped when what a record holds changes: a record of another version is no record.
 VERSION = 3
 
+#: The run id in a record's build line: the same for every run.
+RECORD_RUN_ID = "record"
+
 #: The digest of a file the build may have read in another state than the one seen after
 #: it (it changed while the build ran): never equal to a content's digest.
 UNKNOWN = "unknown"

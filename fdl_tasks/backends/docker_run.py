@@ -14,7 +14,7 @@ import attrs
 from fdl_tasks.backends.containers import ContainerBackend
 from fdl_tasks.build_argv import cargo_argv, container_cache, container_identity, cross_variables
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
-from fdl_tasks.build_record import RecordInputs
+from fdl_tasks.build_record import RECORD_RUN_ID, RecordInputs
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import check_docker, user_ids
 from fdl_tasks.gpus import Vendor
@@ -38,10 +38,6 @@ def resolve_image(docker: DockerSettings, template: str, arch: Arch) -> str | No
             "set controller.docker.cuda_version in the cluster file (e.g. '12.8')"
         )
     return template.replace(CUDA_VERSION_FIELD, cuda.version).replace(CUDA_TAG_FIELD, cuda.tag)
-
-
-#: The run id in a record's build line: the same for every run.
-RECORD_RUN_ID = "record"
 
 
 def project_mounts(controller: Controller, docker: DockerSettings) -> list[tuple[str, str | None]]:
