@@ -13,6 +13,7 @@ import attrs
 import pytest
 
 from fdl_tasks.backends.docker_run import DockerRunBackend, user_inputs
+from fdl_tasks.backends.native import toolchain_identity
 from fdl_tasks.build_environment import Build, BuildEnvironment, BuildJob
 from fdl_tasks.build_record import (
     UNKNOWN,
@@ -23,14 +24,22 @@ from fdl_tasks.build_record import (
     as_read,
     content_changed,
     dep_info_paths,
+    read_sources,
     rerun_paths,
     reused_digest,
+    sources_json,
     tree_digest,
     verdict,
 )
 from fdl_tasks.layout import MARKER_FILE
 from fdl_tasks.model import Controller, DockerSettings
-from fdl_tasks.record_files import MOUNT_BUDGET, Records, record_file
+from fdl_tasks.record_files import (
+    MOUNT_BUDGET,
+    Records,
+    record_file,
+    stale_binary,
+    write_sources,
+)
 from fdl_tasks.watch.snapshot import RACY_NS, Entry, Snapshot
 
 S = 1_000_000_000
@@ -632,3 +641,54 @@ def test_a_second_commands_first_build_compares_with_the_first_commands_record(
     assert check.verdict == Verdict(False)  # no unit forced; cargo builds what it adds
     (tmp_path / "util/src/lib.rs").write_text("pub fn g() {}\n")
     assert records(tmp_path).check(second).verdict.forced == ("release/.fingerprint/util-0002",)
+
+
+# ---------------------------------------------------------------------------- native identity
+
+
+def test_the_native_identity_follows_the_toolchain_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CARGO_HOME", str(tmp_path / "cargo-home"))
+    first = toolchain_identity(str(tmp_path))
+    assert first is not None and "rustc" in first
+    monkeypatch.setenv("PWD", "/elsewhere")  # a shell's own: no change
+    assert toolchain_identity(str(tmp_path)) == first
+    monkeypatch.setenv("RUSTFLAGS", "-Ctarget-cpu=native")
+    assert toolchain_identity(str(tmp_path)) != first
+    (tmp_path / "cargo-home").mkdir()
+    (tmp_path / "cargo-home/config.toml").write_text("[build]\njobs = 1\n")
+    with_config = toolchain_identity(str(tmp_path))
+    assert with_config is not None and "jobs = 1" in with_config
+    monkeypatch.setenv("PATH", str(tmp_path / "no-such-bin"))
+    assert toolchain_identity(str(tmp_path)) is None  # no toolchain to ask: cargo decides
+
+
+# ---------------------------------------------------------------------------- provenance
+
+
+def test_the_sidecar_reads_back_and_anything_else_names_no_host() -> None:
+    sources = {"a": ("target/cluster/_shared/x/.fdl-record-c.json", "d1")}
+    assert read_sources(sources_json(sources)) == sources
+    for bad in ("", "{", "[]", '{"version": 3, "hosts": {"a": 1}}', '{"hosts": {}}'):
+        assert read_sources(bad) == {}
+
+
+def test_a_stale_binary_is_named_with_the_file_that_changed(tmp_path: Path) -> None:
+    job = project(tmp_path)
+    built(tmp_path, job)
+    write_sources(tmp_path, "ddp-bench", [job], set())
+    assert stale_binary(tmp_path, "ddp-bench", ["a", "b", "c"]) is None
+    lib = tmp_path / "util/src/lib.rs"
+    mtime = lib.stat().st_mtime_ns
+    lib.write_text("pub fn g() {}\n")
+    os.utime(lib, ns=(mtime, mtime))
+    assert stale_binary(tmp_path, "ddp-bench", ["a"]) == (
+        "a's binary of ddp-bench was built before util/src/lib.rs changed: run inv prebuild "
+        "--cmd ddp-bench (or launch it anyway with --stale-ok)"
+    )
+    assert stale_binary(tmp_path, "ddp-bench", ["c"]) is None  # not a host of that build
+    built(tmp_path, job)  # a later build, not published
+    assert "other sources than its target dir's last build" in str(
+        stale_binary(tmp_path, "ddp-bench", ["b"])
+    )
