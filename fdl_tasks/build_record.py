@@ -38,7 +38,7 @@ from fdl_tasks.watch.scope import under
 from fdl_tasks.watch.snapshot import Entry, Snapshot, diff, racy
 
 #: Bumped when what a record holds changes: a record of another version is no record.
-VERSION = 3
+VERSION = 4
 
 #: The run id in a record's build line: the same for every run.
 RECORD_RUN_ID = "record"
@@ -119,27 +119,50 @@ def read_by_units(look: Snapshot, reads: set[str]) -> set[str]:
     return {p for p in look.entries if p in reads or any(under(p, t) for t in trees)}
 
 
+def _look_json(look: Snapshot) -> dict[str, Any]:
+    return {
+        "taken_ns": look.taken_ns,
+        "trees": list(look.trees),
+        "dirs": sorted(look.dirs),
+        "entries": {path: e.to_json() for path, e in sorted(look.entries.items())},
+    }
+
+
+def _look_from(data: Any) -> Snapshot:
+    """:class:`ValueError` when ``data`` is not what :func:`_look_json` wrote."""
+    taken, trees, dirs, entries = data["taken_ns"], data["trees"], data["dirs"], data["entries"]
+    if not isinstance(taken, int) or not (isinstance(trees, list) and isinstance(dirs, list)):
+        raise ValueError("look")
+    if not all(isinstance(p, str) for p in [*trees, *dirs]) or not isinstance(entries, dict):
+        raise ValueError("look")
+    found = {str(path): Entry.from_json(e) for path, e in entries.items()}
+    return Snapshot(found, frozenset(dirs), tuple(trees), taken)
+
+
 @attrs.frozen
 class BuildRecord:
-    """What one good build read (``look``, ``units``) and the binary it left."""
+    """What one good build read (``look``, ``units``) and the binary it left.
+
+    ``attempt``: the look of a later build that started and did not end well (failed,
+    stopped, killed): its units may hold what that build compiled, so a file that
+    differs from either look is a change.
+    """
 
     identity: str | None
     look: Snapshot
     units: Mapping[str, tuple[str, ...]]
     binary: Entry
+    attempt: Snapshot | None = None
 
     def to_json(self) -> str:
-        look = self.look
         return json.dumps(
             {
                 "version": VERSION,
                 "identity": self.identity,
-                "taken_ns": look.taken_ns,
-                "trees": list(look.trees),
-                "dirs": sorted(look.dirs),
-                "entries": {path: e.to_json() for path, e in sorted(look.entries.items())},
+                "look": _look_json(self.look),
                 "units": {unit: list(paths) for unit, paths in sorted(self.units.items())},
                 "binary": self.binary.to_json(),
+                "attempt": _look_json(self.attempt) if self.attempt else None,
             }
         )
 
@@ -151,34 +174,22 @@ class BuildRecord:
             data: Any = json.loads(text)
             if not isinstance(data, dict) or data.get("version") != VERSION:
                 return None
-            identity, taken = data["identity"], data["taken_ns"]
-            trees, dirs, entries, units = (
-                data["trees"],
-                data["dirs"],
-                data["entries"],
-                data["units"],
-            )
-            if not (identity is None or isinstance(identity, str)) or not isinstance(taken, int):
-                return None
-            if not (isinstance(trees, list) and isinstance(dirs, list)):
-                return None
-            if not all(isinstance(p, str) for p in [*trees, *dirs]):
-                return None
-            if not (isinstance(entries, dict) and isinstance(units, dict)):
+            identity, units = data["identity"], data["units"]
+            if not (identity is None or isinstance(identity, str)) or not isinstance(units, dict):
                 return None
             if not all(
                 isinstance(paths, list) and all(isinstance(p, str) for p in paths)
                 for paths in units.values()
             ):
                 return None
-            look = Snapshot(
-                {str(path): Entry.from_json(e) for path, e in entries.items()},
-                frozenset(dirs),
-                tuple(trees),
-                taken,
+            attempt = _look_from(data["attempt"]) if data["attempt"] is not None else None
+            return cls(
+                identity,
+                _look_from(data["look"]),
+                {u: tuple(p) for u, p in units.items()},
+                Entry.from_json(data["binary"]),
+                attempt,
             )
-            binary = Entry.from_json(data["binary"])
-            return cls(identity, look, {u: tuple(p) for u, p in units.items()}, binary)
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -233,15 +244,22 @@ def verdict(
     A file some unit named is compared by content: a touched file is no change, a
     rewritten one with its mtime set back is. Any other file of the tree added,
     removed or changed by stat keeps cargo running (it decides), as do another
-    identity, a touched binary, or a look that covers what the record's did not.
+    identity, a touched binary, or a look that covers what the record's did not; and
+    so does a build that started since and did not end well (its ``attempt``).
     """
-    then = record.look
+    then, attempt = record.look, record.attempt
     reads = named(record.units)
     paths = read_by_units(then, reads) | read_by_units(now, reads) | (reads - now.entries.keys())
-    changed = sorted(p for p in paths if content_changed(then.entries.get(p), now.entries.get(p)))
+    changed = sorted(
+        p
+        for p in paths
+        if content_changed(then.entries.get(p), now.entries.get(p))
+        or (attempt is not None and content_changed(attempt.entries.get(p), now.entries.get(p)))
+    )
     others = {path for _, path in diff(then, now) if path not in paths}
     fresh = (
         not changed
+        and attempt is None
         and not others
         and identity is not None
         and identity == record.identity

@@ -28,7 +28,7 @@ import os
 import posixpath
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -108,9 +108,10 @@ class Records:
         """What ``job``'s build must do. A unit that read a file changed by content has
         its fingerprint removed now. A command's first build in a target dir compares
         with another command's record there; without a record it can trust (none, torn,
-        of another version), every unit that read the project is forced. The record stays until
-        the next good build replaces it: a failed or stopped build leaves the last good
-        one to compare with (a binary it relinked meanwhile has another stat)."""
+        of another version), every unit that read the project is forced. The record stays
+        until the next good build replaces it, with this build's look as an attempt: a
+        failed or stopped build may have compiled what it saw, so the next build compares
+        with both."""
         inputs = self.inputs(job)
         if not self.skip:
             inputs = attrs.evolve(inputs, identity=None)
@@ -119,7 +120,12 @@ class Records:
         identity = inputs.identity
         if record is None and not path.exists():  # this command's first build here
             record, identity = self.nearest(job), None
-        units = record.units if record else self.units(job, inputs)
+        units: Mapping[str, tuple[str, ...]]
+        if record is None or record.attempt is not None:  # what the target dir holds now too
+            units = {**self.units(job, inputs), **(record.units if record else {})}
+            record = attrs.evolve(record, units=units) if record else None
+        else:
+            units = record.units
         look, whole = self.look(job, inputs, record.look if record else None, named(units))
         if not whole:
             inputs = attrs.evolve(inputs, identity=None)
@@ -128,6 +134,10 @@ class Records:
         else:
             found = verdict(record, identity, look, _entry(self.root / job.built_binary))
         if not found.fresh:
+            if record is not None and path.exists():  # until this build ends well
+                attempt = attrs.evolve(record, attempt=_union(record.attempt, look))
+                with contextlib.suppress(FdlError):
+                    write_atomically(path, attempt.to_json())
             self.force(job, found.forced)
         return Check(found, look, inputs)
 
@@ -274,6 +284,15 @@ class Records:
                         paths += placed(raw, homes)
                 units[f"{profile}/.fingerprint/{fingerprint.name}"] = tuple(dict.fromkeys(paths))
         return units
+
+
+def _union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
+    """The attempts' looks together: a file that differs from any of them is a change
+    (an entry of the earlier attempt stays where the two differ)."""
+    if earlier is None:
+        return look
+    entries = {**look.entries, **earlier.entries}
+    return Snapshot(entries, earlier.dirs | look.dirs, look.trees, look.taken_ns)
 
 
 def _text(path: Path | str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fdl_tasks.build_record import VERSION
 from fdl_tasks.envelope import decode
 from rig.harness import RigCluster, Running, start_rig
 from rig.project import FIXTURE_DIR
@@ -214,7 +215,9 @@ def truncate(rig: RigCluster) -> None:
 
 def another_version(rig: RigCluster) -> None:
     record = record_of(rig)
-    record.write_text(record.read_text().replace('"version": 3', '"version": 999', 1))
+    text = record.read_text()
+    assert f'"version": {VERSION}' in text
+    record.write_text(text.replace(f'"version": {VERSION}', '"version": 999', 1))
 
 
 HOSTILE = {"truncated": truncate, "another-version": another_version}

@@ -692,3 +692,22 @@ def test_a_stale_binary_is_named_with_the_file_that_changed(tmp_path: Path) -> N
     assert "other sources than its target dir's last build" in str(
         stale_binary(tmp_path, "ddp-bench", ["b"])
     )
+
+
+def test_a_build_that_did_not_end_well_is_compared_with_too(tmp_path: Path) -> None:
+    """A build started for a change, compiled it and failed (or was killed); the change is
+    then undone with the old mtime (``cp -p`` of a backup): the unit holds what the failed
+    build compiled, so it is rebuilt, and nothing is fresh until a build ends well."""
+    job = project(tmp_path)
+    built(tmp_path, job)
+    lib = tmp_path / "util/src/lib.rs"
+    original, mtime = lib.read_text(), lib.stat().st_mtime_ns
+    lib.write_text("pub fn g() {}\n")
+    assert records(tmp_path).check(job).verdict.forced == ("release/.fingerprint/util-0002",)
+    unit(tmp_path, job, "util-0002", "util/src/lib.rs")  # cargo compiled it, then failed
+    lib.write_text(original)
+    os.utime(lib, ns=(mtime, mtime))
+    check = records(tmp_path).check(job)
+    assert check.verdict == Verdict(False, ("release/.fingerprint/util-0002",), (str(lib),))
+    built(tmp_path, job)  # a build that ends well
+    assert records(tmp_path).check(job).verdict.fresh
