@@ -193,10 +193,8 @@ class Records:
         whether it saw all of it (else cargo must run)."""
         root = posixpath.normpath(str(self.root))
         plan, whole = self.plan(job, inputs, root, reads)
+        # A walk skips a target/ beside any Cargo.toml by itself.
         excluded = {posixpath.join(root, "target"), *self.excluded}
-        excluded |= {
-            posixpath.join(d, "target") for dirs in package_dirs(root).values() for d in dirs
-        }
         scope = Scope(root, "", excluded=tuple(sorted(excluded)))
         variant = libtorch_dir(root, job.build.arch)
         mounted = [t for t in plan.recursive if t != root and t not in reads]
