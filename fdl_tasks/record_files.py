@@ -174,7 +174,7 @@ class Records:
                 shutil.rmtree(path, ignore_errors=True)
 
     def record(self, job: BuildJob, check: Check) -> None:
-        """After a build that succeeded (or was fresh): its record, from the look taken
+        """After a build that succeeded: its record, from the look taken
         before cargo ran and what its units named after it."""
         binary = _entry(self.root / job.built_binary)
         if binary is None:
