@@ -65,8 +65,9 @@ def toolchain_identity(crate_dir: str) -> str | None:
     """What this machine's cargo reads besides the project: the toolchain that runs in
     ``crate_dir`` (``rustc -vV``, ``cargo -V``: a ``rust-toolchain`` file or a rustup
     update changes them), every cargo configuration above the project and in its home,
-    and the environment (a build script may read any variable); ``None`` when the
-    toolchain cannot be asked."""
+    and the environment (a build script may read any variable; not the envelope this
+    process hands over after each publication); ``None`` when the toolchain cannot be
+    asked."""
     parts = []
     for argv in (["rustc", "-vV"], ["cargo", "-V"]):
         try:
@@ -89,7 +90,9 @@ def toolchain_identity(crate_dir: str) -> str | None:
         except OSError:
             continue
     environment = sorted(
-        (k, v) for k, v in os.environ.items() if k not in SHELL_NOISE and not k.startswith("SSH_")
+        (k, v)
+        for k, v in os.environ.items()
+        if k not in SHELL_NOISE and not k.startswith(("SSH_", "FLODL_INTERNAL_"))
     )
     parts += [f"{k}={v}" for k, v in environment]
     return "\n".join(parts)

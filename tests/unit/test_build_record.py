@@ -653,6 +653,7 @@ def test_the_native_identity_follows_the_toolchain_and_the_environment(
     first = toolchain_identity(str(tmp_path))
     assert first is not None and "rustc" in first
     monkeypatch.setenv("PWD", "/elsewhere")  # a shell's own: no change
+    monkeypatch.setenv("FLODL_INTERNAL_PREBUILD_PER_HOST", "{}")  # handed over: no change
     assert toolchain_identity(str(tmp_path)) == first
     monkeypatch.setenv("RUSTFLAGS", "-Ctarget-cpu=native")
     assert toolchain_identity(str(tmp_path)) != first
