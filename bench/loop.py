@@ -96,6 +96,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def when_and_where(load: float) -> dict[str, Any]:
+    """A report's date and machine (``load``: the load average when the run started)."""
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu": cpu_model(),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+            "loadavg_at_start": round(load, 2),
+            "loadavg_at_end": round(os.getloadavg()[0], 2),
+        },
+    }
+
+
 # ---------------------------------------------------------------------------- one run
 
 
@@ -363,15 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "L5" in groups:
             rows.append(dependency_row(setup, args.loop_reps))
     report = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "cpu": cpu_model(),
-            "kernel": platform.release(),
-            "python": platform.python_version(),
-            "loadavg_at_start": round(load, 2),
-            "loadavg_at_end": round(os.getloadavg()[0], 2),
-        },
+        **when_and_where(load),
         "mode": "docker",
         "hosts": len(HOSTS),
         "variants": list(VARIANTS),

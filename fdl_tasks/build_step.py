@@ -21,9 +21,9 @@ from fdl_tasks.cache import CompileCache, find_cache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.names import join_path
+from fdl_tasks.record_files import Records
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
-from fdl_tasks.stamp_files import Stamps
 from fdl_tasks.timings import record_builds
 from fdl_tasks.variants import libtorch_dir
 
@@ -106,12 +106,15 @@ def run_backend(run: Run) -> Backend:
     return backend_for(run.cluster, secrets.token_hex(4), compile_cache(run))
 
 
-def build_stamps(run: Run, backend: Backend) -> Stamps | None:
-    """The stamps that let an unchanged build skip cargo (``fdl.skip_unchanged``)."""
-    if run.dry or not run.settings.skip_unchanged:
+def build_records(run: Run, backend: Backend) -> Records | None:
+    """The records that decide freshness by content, and let an unchanged build skip
+    cargo (``fdl.skip_unchanged``)."""
+    if run.dry:
         return None
     cache = [backend.cache.directory] if backend.cache else []
-    return Stamps(run.root, backend.stamp_inputs, excluded=cache)
+    return Records(
+        run.root, backend.record_inputs, skip=run.settings.skip_unchanged, excluded=cache
+    )
 
 
 def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[JobResult]:
@@ -131,7 +134,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
             timeout=settings.build_timeout,
             jobs=at_once,
             board=board,
-            stamps=build_stamps(run, backend),
+            records=build_records(run, backend),
         )
         if run.dry:
             for job in jobs:

@@ -27,15 +27,16 @@ from fdl_tasks.atomic_files import copy_atomically, log_tail
 from fdl_tasks.backends.protocol import Backend
 from fdl_tasks.binary_check import file_sha256
 from fdl_tasks.build_environment import BuildJob
+from fdl_tasks.build_record import Verdict
 from fdl_tasks.cache_stats import CacheStats, read_stats
 from fdl_tasks.console import PrefixedLines, StatusBoard
 from fdl_tasks.interrupts import sigterm_as_interrupt
 from fdl_tasks.layout import MARKER_FILE
 from fdl_tasks.manifests import changed_since
-from fdl_tasks.stamp_files import Stamps
+from fdl_tasks.record_files import Records
 from fdl_tasks.variants import libtorch_dir
 
-#: What the board says of a build whose stamp shows nothing changed.
+#: What the board says of a build whose record shows nothing changed.
 UNCHANGED = "unchanged since its last build: cargo not started"
 
 
@@ -86,7 +87,8 @@ def _all_warm(jobs: Sequence[BuildJob], root: Path) -> bool:
 class Builder:
     """Runs one prebuild's jobs through the run's backend, collects every result.
 
-    ``jobs`` is how many run at once (:func:`concurrency`); with ``stamps``, a build
+    ``jobs`` is how many run at once (:func:`concurrency`); with ``records``, a unit
+    that read a file changed by content is rebuilt whatever its mtimes say, and a build
     whose inputs are unchanged since it last succeeded starts no cargo at all.
     """
 
@@ -99,10 +101,10 @@ class Builder:
         timeout: float,
         jobs: int,
         board: StatusBoard,
-        stamps: Stamps | None = None,
+        records: Records | None = None,
     ) -> None:
         self.c, self.root, self.backend, self.cache = c, root, backend, backend.cache
-        self.timeout, self.jobs, self.board, self.stamps = timeout, jobs, board, stamps
+        self.timeout, self.jobs, self.board, self.records = timeout, jobs, board, records
         self._processes: dict[str, tuple[BuildJob, int]] = {}
         self._lock = threading.Lock()
         #: What a stop or a timeout could not remove, each line with the command that does.
@@ -198,13 +200,15 @@ class Builder:
     def _build(self, job: BuildJob, started: float) -> JobResult:
         self._claim_target_dir(job)
         built = self.root / job.built_binary
-        check = self.stamps.check(job) if self.stamps else None
-        if check and check.fresh:
+        check = self.records.check(job) if self.records else None
+        if check and check.verdict.fresh:
             return self._succeeded(job, started, rebuilt=False, skipped=True)
         before = _size_and_mtime(built)
         log_path = self.root / job.log_file
         with log_path.open("w", encoding="utf-8") as log:
             stream = PrefixedLines(job.name, log, self.board)
+            if check and check.verdict.forced:
+                stream.write(forced_line(check.verdict, self.root) + "\n")
             promise: Any = self.c.run(
                 self.build_line(job),
                 asynchronous=True,
@@ -253,8 +257,8 @@ class Builder:
                 exit_code=None if expired.is_set() else exit_code,
                 log_tail=tail,
             )
-        if self.stamps and check:
-            self.stamps.record(job, check)
+        if self.records and check:
+            self.records.record(job, check)
         return self._succeeded(job, started, rebuilt=_size_and_mtime(built) != before)
 
     def _succeeded(
@@ -280,6 +284,16 @@ class Builder:
     def _expire(self, job: BuildJob, process: int, expired: threading.Event) -> None:
         expired.set()
         self._left(self.backend.stop_job(job, process))
+
+
+def forced_line(verdict: Verdict, root: Path) -> str:
+    """What a build whose record forced units says before cargo starts."""
+    units = f"{len(verdict.forced)} unit(s) rebuilt whatever their mtimes say"
+    if not verdict.changed:
+        return f"fdl: no usable record of what the last build read: {units}"
+    changed = [os.path.relpath(path, root) for path in verdict.changed]
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return f"fdl: changed by content since the last good build: {shown}; {units}"
 
 
 def _size_and_mtime(path: Path) -> tuple[int, int] | None:

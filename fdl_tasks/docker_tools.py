@@ -33,7 +33,7 @@ def _docker_client() -> Any:
 
 def check_docker(images: Iterable[str], configured: str, source: str) -> dict[str, str]:
     """Before any build: the daemon answers and every image exists locally; each image's
-    content id (what a build stamp records of its toolchain)."""
+    content id (what a build record keeps of its toolchain)."""
     import docker as docker_sdk
 
     try:

@@ -27,6 +27,7 @@ from fdl_tasks.launch_mode import DIRECT_NOTE, FDL, fdl_argv, launch_mode
 from fdl_tasks.model import Cluster, FlodlOrigin, Worker
 from fdl_tasks.names import check_command, join_path
 from fdl_tasks.outcomes import Failure
+from fdl_tasks.record_files import stale_binary
 from fdl_tasks.remote import Fleet
 from fdl_tasks.run import Run
 from fdl_tasks.watch.launchwait import wait_for_watch
@@ -143,8 +144,9 @@ def launch_all(
     }
 
 
-def launch(run: Run, command: str, args: Sequence[str]) -> None:
-    """``inv launch``: the envelope checked against the cluster file, then the run."""
+def launch(run: Run, command: str, args: Sequence[str], stale_ok: bool = False) -> None:
+    """``inv launch``: the envelope checked against the cluster file and the sources on
+    disk (``stale_ok``: not the sources), then the run."""
     mode = launch_mode(run.settings.launcher, run.cluster.origin, run.cluster.source)
     remotes = run.remotes
     run.note_unlisted_controller()
@@ -157,6 +159,9 @@ def launch(run: Run, command: str, args: Sequence[str]) -> None:
             f"the envelope does not match {run.cluster.source} (stale? run prebuild "
             "again): " + "; ".join(problems)
         )
+    stale = None if stale_ok else stale_binary(run.root, command, [w.host for w in remotes])
+    if stale:
+        raise FdlError(stale)
     if mode == "fdl":
         assert run.cluster.origin is not None and run.cluster.origin.root is not None
         launch_with_fdl(run, run.cluster.origin, command, args, text)

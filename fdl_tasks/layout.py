@@ -6,6 +6,7 @@ Pure logic. The tree, relative to the project root::
       _shared/<arch-slug>[-<cpu>]-<key>/   one cargo target dir per build environment
       <host>/<arch-slug>[-<cpu>]/          the host's own binaries (``--per-host``: its build)
       _envelopes/<command>.json            the published envelope of each command
+      _envelopes/<command>.sources.json    its sidecar: the tree each host's binary was built from
       _watch/                              ``prebuild --watch`` state
       _timings/<command>-<stamp>.html      ``--timings`` pages, the last few per command
       _prebuild.lock                       one prebuild (or clean) per project at a time
@@ -141,6 +142,12 @@ def timings_page(command: str, stamp: str) -> str:
 def envelope_file(command: str) -> str:
     """The published envelope of ``command``: launching one never reads another's."""
     return f"{ENVELOPES_DIR}/{command}.json"
+
+
+def sources_file(command: str) -> str:
+    """The envelope's sidecar: the tree each host's binary of ``command`` was built from
+    (a command has no ``.``: never another command's envelope)."""
+    return f"{ENVELOPES_DIR}/{command}.sources.json"
 
 
 def stale_dirs(existing: Iterable[str], live: Iterable[str]) -> list[str]:

@@ -41,6 +41,7 @@ from fdl_tasks.preflight import cross_cpu_archs, dry_run_lines, run_preflight
 from fdl_tasks.probe import Verdict
 from fdl_tasks.probe_report import report_lines
 from fdl_tasks.readiness import NOTHING_BUILT, crate_missing, root_missing
+from fdl_tasks.record_files import write_sources
 from fdl_tasks.remote import Fleet
 from fdl_tasks.reporting import Severity
 from fdl_tasks.run import Run
@@ -242,6 +243,7 @@ def build_and_publish(
         merged = kept | envelopes
         with step(run, "publish", command):
             text = envelope.publish(run.root, command, merged)
+            write_sources(run.root, command, jobs, set(kept))
     run.say(f"envelope of {command} for {len(merged)} host(s) written to {path}")
     if not run.settings.verify:
         run.say(

@@ -199,6 +199,7 @@ def _remainder_args() -> list[str]:
         "launcher": "fdl: flodl's launcher (fdl @<env> CMD --no-prebuild, one DDP world); "
         "direct: each worker's binary on its own, output prefixed [host] (default: "
         "fdl.launcher, auto: fdl on a flodl project)",
+        "stale-ok": "launch binaries whose sources changed since they were built",
     }
 )
 def launch(
@@ -208,12 +209,13 @@ def launch(
     env: str | None = None,
     controller_host: str | None = None,
     launcher: str | None = None,
+    stale_ok: bool = False,
 ) -> None:
     """Run the prebuilt CMD (arguments after --) through flodl's launcher, or directly."""
     command = require_command(cmd)
     options: dict[str, Any] = {"cluster_file": cluster_file, "env": env, "launcher": launcher}
     run = Run.start(c, **options, controller_host=controller_host, label="launch")
-    launch_on_workers(run, command, _remainder_args())
+    launch_on_workers(run, command, _remainder_args(), stale_ok=stale_ok)
 
 
 @fdl_task(

@@ -20,6 +20,7 @@ from fdl_tasks.build_argv import (
     cross_variables,
 )
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
+from fdl_tasks.build_record import RecordInputs
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import (
     check_docker,
@@ -133,6 +134,11 @@ class ComposeBackend(ContainerBackend):
 
     def mounts(self) -> list[tuple[str, str | None]]:
         return [(self.compose.workspace, self.controller.path)]  # the compose file mounts the rest
+
+    def record_inputs(self, job: BuildJob) -> RecordInputs:
+        """No identity: a compose service (its volumes, its env files) may read anything;
+        what it reads of the project is recorded through the workspace's mount."""
+        return RecordInputs(None, tuple(self.mounts()))
 
     def check(self, environments: Sequence[BuildEnvironment]) -> None:
         """Each service resolves to local images under each build's variables, and the

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fdl_tasks.build_argv import JOB_LABEL, RUN_LABEL
 from fdl_tasks.build_environment import BuildJob
-from fdl_tasks.build_stamps import StampInputs
 from fdl_tasks.docker_tools import remove_containers
 
 #: What the docker client prints when its daemon goes away under a running build.
@@ -47,10 +46,6 @@ class ContainerBackend:
 
     def stop_run(self) -> list[str]:
         return remove_containers(f"{RUN_LABEL}={self.run_id}")
-
-    def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
-        """None: a compose service (its volumes, its env files) may read anything."""
-        return None
 
     def run_note(self) -> str:
         return f"containers labelled {RUN_LABEL}={self.run_id}"

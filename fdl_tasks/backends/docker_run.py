@@ -14,7 +14,7 @@ import attrs
 from fdl_tasks.backends.containers import ContainerBackend
 from fdl_tasks.build_argv import cargo_argv, container_cache, container_identity, cross_variables
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
-from fdl_tasks.build_stamps import StampInputs
+from fdl_tasks.build_record import RECORD_RUN_ID, RecordInputs
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import check_docker, user_ids
 from fdl_tasks.gpus import Vendor
@@ -38,10 +38,6 @@ def resolve_image(docker: DockerSettings, template: str, arch: Arch) -> str | No
             "set controller.docker.cuda_version in the cluster file (e.g. '12.8')"
         )
     return template.replace(CUDA_VERSION_FIELD, cuda.version).replace(CUDA_TAG_FIELD, cuda.tag)
-
-
-#: The run id in a stamp's build line: the same for every run.
-STAMP_RUN_ID = "stamp"
 
 
 def project_mounts(controller: Controller, docker: DockerSettings) -> list[tuple[str, str | None]]:
@@ -96,7 +92,7 @@ def job_run_args(job: BuildJob, docker: DockerSettings) -> tuple[str, ...]:
     return tuple(cross.run_args if cross and cross.run_args is not None else docker.run_args)
 
 
-#: ``docker run`` options whose inputs a stamp cannot see (another container's volumes, an
+#: ``docker run`` options whose inputs a record cannot see (another container's volumes, an
 #: environment file): a build given one always runs cargo.
 UNSEEN_INPUTS = ("--mount", "--volumes-from", "--env-file")
 _VALUED = {"-v": "-v", "--volume": "-v", "-e": "-e", "--env": "-e"}
@@ -113,7 +109,7 @@ class UserInputs:
 
 def user_inputs(run_args: Sequence[str]) -> UserInputs | None:
     """The bind mounts and variables of ``run_args``; ``None`` when they give a build an
-    input no stamp can see: a named volume, an option of :data:`UNSEEN_INPUTS`, a
+    input no record can see: a named volume, an option of :data:`UNSEEN_INPUTS`, a
     variable taken from the client's environment (``-e NAME``), or short options run
     together (``-tv``) that this reading does not take apart."""
     mounts, env, args = [], {}, list(run_args)
@@ -187,20 +183,21 @@ class DockerRunBackend(ContainerBackend):
             self.source,
         )
 
-    def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
+    def record_inputs(self, job: BuildJob) -> RecordInputs:
         """The image's id and the build line with the run's own names fixed, the mounts
-        (a mounted ``RUSTUP_HOME`` apart: too big to walk); none for a ``--timings``
-        build (its report comes from cargo) or one given inputs no stamp can see."""
+        (a mounted ``RUSTUP_HOME`` apart: too big to walk); no identity for a
+        ``--timings`` build (its report comes from cargo) or one given inputs no record
+        can see (then only the mounts it can name)."""
         image_id = self.image_ids.get(job.build.environment.toolchain)
         user = user_inputs(job_run_args(job, self.docker))
         if image_id is None or job.build.timings or user is None:
-            return None
+            return RecordInputs(None, tuple(self.mounts()) + (user.mounts if user else ()))
         cross = job.build.cross
         env = {**(dict(cross.env) if cross and cross.env is not None else self.docker.env)}
         rustup = env.get("RUSTUP_HOME") or user.env.get("RUSTUP_HOME")
         homes = tuple(source for inside, source in user.mounts if inside == rustup)
-        line = docker_line(job, self.controller, self.docker, STAMP_RUN_ID, self.user, self.cache)
-        return StampInputs(
+        line = docker_line(job, self.controller, self.docker, RECORD_RUN_ID, self.user, self.cache)
+        return RecordInputs(
             f"{image_id} {line}",
             tuple([*self.mounts(), *user.mounts]),
             tuple(source for _, source in user.mounts if source not in homes),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fdl_tasks.build_argv import cargo_argv, cross_variables
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
-from fdl_tasks.build_stamps import StampInputs
+from fdl_tasks.build_record import RECORD_RUN_ID, RecordInputs
 from fdl_tasks.cache import CompileCache, stop_server, with_stats
 from fdl_tasks.errors import FdlError
 from fdl_tasks.gpus import Vendor
@@ -57,6 +57,47 @@ def native_line(
     return f"cd {shlex.quote(crate)} && exec " + shlex.join(["setsid", *argv])
 
 
+#: Variables two shells of one user differ by, which no build reads.
+SHELL_NOISE = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "TERM", "COLUMNS", "LINES"})
+
+
+def toolchain_identity(crate_dir: str) -> str | None:
+    """What this machine's cargo reads besides the project: the toolchain that runs in
+    ``crate_dir`` (``rustc -vV``, ``cargo -V``: a ``rust-toolchain`` file or a rustup
+    update changes them), every cargo configuration above the project and in its home,
+    and the environment (a build script may read any variable; not the envelope this
+    process hands over after each publication); ``None`` when the toolchain cannot be
+    asked."""
+    parts = []
+    for argv in (["rustc", "-vV"], ["cargo", "-V"]):
+        try:
+            done = subprocess.run(
+                argv, cwd=crate_dir, capture_output=True, text=True, timeout=60, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode != 0:
+            return None
+        parts.append(done.stdout)
+    home = Path(os.environ.get("CARGO_HOME") or Path.home() / ".cargo")
+    configs = [home / name for name in ("config.toml", "config")]
+    configs += [
+        d / ".cargo" / n for d in Path(crate_dir).parents for n in ("config.toml", "config")
+    ]
+    for config in configs:
+        try:
+            parts.append(f"{config}: {config.read_text(encoding='utf-8', errors='replace')}")
+        except OSError:
+            continue
+    environment = sorted(
+        (k, v)
+        for k, v in os.environ.items()
+        if k not in SHELL_NOISE and not k.startswith(("SSH_", "FLODL_INTERNAL_"))
+    )
+    parts += [f"{k}={v}" for k, v in environment]
+    return "\n".join(parts)
+
+
 class NativeBackend:
     """``cargo build`` on the controller, ``LIBTORCH_PATH`` naming the variant."""
 
@@ -69,6 +110,8 @@ class NativeBackend:
         self, controller: Controller, source: str, run_id: str, cache: CompileCache | None
     ) -> None:
         self.controller, self.source, self.run_id, self.cache = controller, source, run_id, cache
+        #: Each crate dir's :func:`toolchain_identity`, asked once per run.
+        self.toolchains: dict[str, str | None] = {}
 
     def toolchain(
         self, arch: Arch, vendor: Vendor, cross: CrossSetup | None
@@ -119,9 +162,20 @@ class NativeBackend:
         """None: a native build's exit code is cargo's own."""
         return None
 
-    def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
-        """None: native cargo reads this machine's toolchain, ``~/.cargo`` and environment."""
-        return None
+    def record_inputs(self, job: BuildJob) -> RecordInputs:
+        """The build line and :func:`toolchain_identity` (asked once per crate dir and
+        run); none for a ``--timings`` build (its report comes from cargo). The paths are
+        the controller's; only the project's are recorded (what ``~/.cargo`` holds is
+        immutable once downloaded)."""
+        mounts = ((self.controller.path, self.controller.path),)
+        crate = join_path(self.controller.path, job.build.crate_dir)
+        if crate not in self.toolchains:
+            self.toolchains[crate] = toolchain_identity(crate)
+        toolchain = self.toolchains[crate]
+        if toolchain is None or job.build.timings:
+            return RecordInputs(None, mounts)
+        line = native_line(job, self.controller, self.cache, RECORD_RUN_ID)
+        return RecordInputs(f"{toolchain}\n{line}", mounts)
 
     def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
         """The build's process group (its id is the process's: ``exec setsid``)."""

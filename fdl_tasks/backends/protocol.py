@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
-from fdl_tasks.build_stamps import StampInputs
+from fdl_tasks.build_record import RecordInputs
 from fdl_tasks.cache import CompileCache
 from fdl_tasks.gpus import Vendor
 from fdl_tasks.model import Arch, BuildMode, Controller, CrossSetup
@@ -58,10 +58,10 @@ class Backend(Protocol):
         """A build's non-zero exit said as the mode's tool's own failure (the docker
         client's exit 125), or ``None`` when the exit code is cargo's."""
 
-    def stamp_inputs(self, job: BuildJob) -> StampInputs | None:
+    def record_inputs(self, job: BuildJob) -> RecordInputs:
         """What the job's build reads besides the project's files and its variant
-        (:class:`~fdl_tasks.build_stamps.StampInputs`); ``None`` when the mode cannot
-        tell (its builds always run cargo)."""
+        (:class:`~fdl_tasks.build_record.RecordInputs`); its identity ``None`` when the
+        mode cannot tell (its builds always run cargo)."""
 
     def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
         """Stop one build now (its timeout expired, or the run is stopping); what could not

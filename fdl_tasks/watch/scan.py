@@ -20,9 +20,13 @@ import attrs
 
 from fdl_tasks.watch.roots import WatchPlan
 from fdl_tasks.watch.scope import Scope, ignored_dir, under
-from fdl_tasks.watch.snapshot import Entry, Snapshot, needs_digest
+from fdl_tasks.watch.snapshot import Entry, Snapshot, needs_digest, racy
 
 _CHUNK = 1 << 20
+
+#: The digest a look may keep without reading a file: (previous entry, entry now, when
+#: the previous look was taken) → the previous digest, or ``None`` to read it.
+KeepDigest = Callable[[Entry | None, Entry, int], str | None]
 
 
 def digest(path: str) -> str | None:
@@ -53,9 +57,16 @@ class _Look:
     """One look in progress: what it saw so far."""
 
     def __init__(
-        self, scope: Scope, previous: Snapshot | None, now_ns: int, counts: Callable[[str], bool]
+        self,
+        scope: Scope,
+        previous: Snapshot | None,
+        now_ns: int,
+        counts: Callable[[str], bool],
+        keep: KeepDigest | None,
+        racy_counts: Callable[[str], bool] | None,
     ) -> None:
         self.scope, self.previous, self.now_ns, self.counts = scope, previous, now_ns, counts
+        self.keep, self.racy_counts = keep, racy_counts
         self.libtorch = posixpath.join(scope.root, "libtorch")
         self.entries: dict[str, Entry] = {}
         self.dirs: set[str] = set()
@@ -63,7 +74,14 @@ class _Look:
     def add(self, path: str, st: os.stat_result) -> None:
         new = entry_of(st)
         old = self.previous.entries.get(path) if self.previous else None
-        if needs_digest(old, new, self.now_ns) and self.counts(path):
+        if self.keep is not None:
+            counted = self.counts(path) or (
+                self.racy_counts is not None and racy(new, self.now_ns) and self.racy_counts(path)
+            )
+            if not new.is_dir and counted:
+                kept = self.keep(old, new, self.previous.taken_ns) if self.previous else None
+                new = attrs.evolve(new, digest=kept or digest(path))
+        elif needs_digest(old, new, self.now_ns) and self.counts(path):
             new = attrs.evolve(new, digest=digest(path))
         self.entries[path] = new
 
@@ -111,14 +129,20 @@ def scan(
     previous: Snapshot | None,
     now_ns: int,
     counts: Callable[[str], bool] | None = None,
+    keep: KeepDigest | None = None,
+    racy_counts: Callable[[str], bool] | None = None,
 ) -> Snapshot:
     """Every path ``plan`` covers, as it is now; ``now_ns``: the file system's clock.
 
     ``previous`` (the last look) says which files must be read again to settle
     a racy stat; only files that count are ever read (``counts``; by default
-    those ``scope`` classifies as a change).
+    those ``scope`` classifies as a change). With ``keep`` (a build record's look),
+    every file that counts has a digest: the previous look's where ``keep`` gives it
+    back, else read now; ``racy_counts``: files that count too while their stat is
+    racy (what a build reads that no one named yet: its content when the build starts).
     """
-    look = _Look(scope, previous, now_ns, counts or (lambda path: scope.classify(path) is not None))
+    counted = counts or (lambda path: scope.classify(path) is not None)
+    look = _Look(scope, previous, now_ns, counted, keep, racy_counts)
     for tree in plan.recursive:
         look.listing(tree, recursive=True)
     for directory in plan.flat:

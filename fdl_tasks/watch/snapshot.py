@@ -48,7 +48,15 @@ class Entry:
         return max(self.mtime_ns, self.ctime_ns)
 
     def same_stat(self, other: Entry) -> bool:
-        return attrs.evolve(self, digest=None) == attrs.evolve(other, digest=None)
+        return (
+            self.is_dir == other.is_dir
+            and self.size == other.size
+            and self.mtime_ns == other.mtime_ns
+            and self.ctime_ns == other.ctime_ns
+            and self.ino == other.ino
+            and self.dev == other.dev
+            and self.mode == other.mode
+        )
 
     def to_json(self) -> list[Any]:
         return list(attrs.astuple(self))

@@ -290,3 +290,34 @@ def elf_comment(binary: Path) -> bytes:
     with binary.open("rb") as stream:
         section = ELFFile(stream).get_section_by_name(".comment")
         return b"" if section is None else section.data()
+
+
+@pytest.mark.parametrize("tool", ["docker run", "docker compose run"])
+def test_a_save_in_the_same_second_reaches_every_host_cross_builds_too(
+    rig: RigCluster, tool: str
+) -> None:
+    """main.rs saved again with its mtime the built one plus 1 µs (a mount keeping whole
+    seconds): cargo's mtime rule calls every build fresh, the build records do not; the
+    aarch64 host's cross build and the compose builds included."""
+    if tool == "docker run":
+        path = docker_run_cluster(rig, "fresh-run.yaml")
+    else:
+        path = cluster_file(rig, "fresh-compose.yaml", "cuda", {"service": CROSS_SERVICE}, pin=True)
+    main = rig.project / "ddp-bench/src/main.rs"
+    original = main.read_text()
+    launch = ("launch", "--cmd", "ddp-bench", "--cluster-file", str(path))
+    try:
+        for rev in ("a", "b"):
+            mtime = main.stat().st_mtime_ns
+            main.write_text(original.replace('cuda={cuda}");', f'cuda={{cuda}} rev={rev}");'))
+            if rev == "b":
+                os.utime(main, ns=(mtime + 1_000, mtime + 1_000))
+            done = rig.inv(*prebuild_args(path))
+            assert done.returncode == 0, done.stderr
+            launched = rig.inv(*launch)
+            assert launched.returncode == 0, launched.stderr
+            for host, arch in ARCHS.items():
+                line = f"[{host}] ddp-bench variant={arch} cuda=on rev={rev}"
+                assert line in launched.stdout, launched.stdout + done.stderr
+    finally:
+        main.write_text(original)

@@ -422,7 +422,7 @@ def test_summary_says_rebuilt_or_up_to_date_with_the_binarys_hash(rig: RigCluste
 
 
 def test_an_unchanged_build_starts_no_container(rig: RigCluster) -> None:
-    """A no-op in docker run mode: each build's stamp shows nothing it read changed, so no
+    """A no-op in docker run mode: each build's record shows nothing it read changed, so no
     container starts; verification and publication still run, and any change (a source,
     the variant, the binary, --timings, the setting) lets cargo decide again."""
     path = docker_cluster(rig, "unchanged.yaml")
@@ -445,12 +445,12 @@ def test_an_unchanged_build_starts_no_container(rig: RigCluster) -> None:
         assert line == expected_line("ddp-bench", arch)
 
     variant = rig.project / "libtorch" / ARCHS["e2"] / "lib"
-    (variant / "fdl-stamp-test").write_text("a new file in e2's variant")
+    (variant / "fdl-record-test").write_text("a new file in e2's variant")
     try:
         prebuild(rig, path, **shim)
         assert containers_run(calls) == 1, calls.read_text()  # e2's build alone
     finally:
-        (variant / "fdl-stamp-test").unlink()
+        (variant / "fdl-record-test").unlink()
     prebuild(rig, path, **shim)  # the file gone again: e2's build again, the others not
     assert containers_run(calls) == 2, calls.read_text()
 

@@ -32,7 +32,9 @@ from tests.rig.test_watch import (
     pristine_source,  # noqa: F401 (autouse: rev 0 per test)
     revs_on_hosts,
     revs_published,
+    run_pending,
     set_rev,
+    wait_cycle,
     watch,
 )
 
@@ -157,3 +159,22 @@ def _saved_again_once_the_cycle_started(rig: RigCluster, run: Running, attempt: 
     run.wait_for(lambda: revs_published(rig, run, f"b{attempt}"), EDIT_BUDGET)
     assert revs_on_hosts(rig) == dict.fromkeys(ARCHS, f"b{attempt}")
     return first == second
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_save_cargo_calls_fresh_by_its_mtime_is_rebuilt(rig: RigCluster, mode: str) -> None:
+    """A first cycle built main.rs; it is saved again with its mtime set to the built
+    one plus 1 µs (two saves in one second, as a mount that keeps seconds shows them):
+    the watcher sees the save, and the next cycle publishes what it says, although
+    cargo's mtime rule calls the binary fresh."""
+    set_rev(rig, "s0")
+    path = cluster_file(rig, f"fresh-{mode}.yaml")
+    run = watch(rig, path, {"INVOKE_FDL_WATCH_POLLING": MODES[mode]})
+    assert wait_cycle(run, 1, 180)[0] == "ok", run.stderr
+    run.wait_for(lambda: state(rig).get("state") == "idle", EDIT_BUDGET)
+    mtime = main_rs(rig).stat().st_mtime_ns
+    set_rev(rig, "s1")  # the same size as the first save
+    os.utime(main_rs(rig), ns=(mtime + 1_000, mtime + 1_000))
+    assert wait_cycle(run, 2)[0] == "ok", run.stderr
+    run.wait_for(lambda: not run_pending(rig), EDIT_BUDGET)
+    assert revs_on_hosts(rig) == dict.fromkeys(ARCHS, "s1"), run.stderr
