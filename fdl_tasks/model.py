@@ -222,6 +222,15 @@ class Cluster:
     #: Set by the loader for a cluster read from flodl's files.
     origin: FlodlOrigin | None = attrs.field(default=None, eq=False, metadata={NOT_IN_FILE: True})
 
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every file this cluster was read from: flodl's layers and ``fdl-tasks.yml``, or
+        the one file of this tool's own form (what a watcher re-reads the cluster on)."""
+        if self.origin is None:
+            return (self.source,)
+        extras = (self.origin.extras,) if self.origin.extras else ()
+        return (*self.origin.layers, *extras)
+
     def keeping(self, labels: Collection[str]) -> Cluster:
         """The same cluster with only the workers called ``labels`` (``build-host``'s view:
         its one host probed, as if the only one)."""

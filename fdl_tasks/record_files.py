@@ -195,7 +195,7 @@ class Records:
         plan, whole = self.plan(job, inputs, root, reads)
         # A walk skips a target/ beside any Cargo.toml by itself.
         excluded = {posixpath.join(root, "target"), *self.excluded}
-        scope = Scope(root, "", excluded=tuple(sorted(excluded)))
+        scope = Scope(root, (), excluded=tuple(sorted(excluded)))
         variant = libtorch_dir(root, job.build.arch)
         mounted = [t for t in plan.recursive if t != root and t not in reads]
         read_trees = [t for t in plan.recursive if t in reads]
@@ -426,7 +426,7 @@ def _staleness(root: Path, record_path: str, tree: str) -> str | None:
     trees = tuple(sorted(p for p in reads if os.path.isdir(p)))
     flat = tuple(sorted({posixpath.dirname(p) for p in reads} - set(trees)))
     top = posixpath.normpath(str(root))
-    scope = Scope(top, "", excluded=(posixpath.join(top, "target"),))
+    scope = Scope(top, (), excluded=(posixpath.join(top, "target"),))
 
     def counts(path: str) -> bool:
         return path in reads or any(under(path, t) for t in trees)

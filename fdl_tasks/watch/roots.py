@@ -55,7 +55,7 @@ def watch_plan(scope: Scope, top_dirs: Iterable[str], exists: Callable[[str], bo
             flat.add(variant)
         else:
             flat.add(nearest_existing(variant, root, exists))
-    for path in (scope.cluster_file, *scope.declared):
+    for path in (*scope.cluster_files, *scope.declared):
         if hidden(path, root) or not under(path, root):  # no watched tree holds it
             flat.add(nearest_existing(posixpath.dirname(path), "/", exists))
     flat = {f for f in flat if not any(under(f, r) for r in recursive)}

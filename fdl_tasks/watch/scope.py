@@ -67,7 +67,8 @@ class Scope:
     """What a watcher watches, as plain absolute paths; JSON-able for launch."""
 
     root: str
-    cluster_file: str
+    #: Every file the cluster was read from (flodl's layers, ``fdl-tasks.yml``).
+    cluster_files: tuple[str, ...]
     #: ``<root>/libtorch/<arch>`` of every build.
     variants: tuple[str, ...] = ()
     #: Target dirs and the tool's own files: never a change.
@@ -84,7 +85,7 @@ class Scope:
     def classify(self, path: str) -> Kind | None:
         """Why a change of ``path`` needs a cycle, or ``None`` when it does not."""
         path = posixpath.normpath(path)
-        if path == self.cluster_file:
+        if path in self.cluster_files:
             return Kind.CLUSTER
         if under(path, self.target) or any(under(path, d) for d in self.excluded):
             return None
@@ -126,12 +127,12 @@ class Scope:
                 raise ValueError(key)
             return tuple(value)
 
-        root, cluster = data.get("root"), data.get("cluster_file")
-        if not isinstance(root, str) or not isinstance(cluster, str):
+        root = data.get("root")
+        if not isinstance(root, str) or "cluster_files" not in data:
             raise ValueError("root")
         return cls(
             root,
-            cluster,
+            strings("cluster_files"),
             strings("variants"),
             strings("excluded"),
             strings("declared"),
@@ -149,7 +150,7 @@ def gone_directory(scope: Scope, path: str) -> Kind | None:
 
 def make_scope(
     root: str,
-    cluster_file: str,
+    cluster_files: Iterable[str],
     variants: Iterable[str],
     package_dirs: Iterable[str] = (),
     declared: Iterable[str] = (),
@@ -166,7 +167,7 @@ def make_scope(
     )
     return Scope(
         root,
-        posixpath.normpath(cluster_file),
+        tuple(posixpath.normpath(f) for f in cluster_files),
         tuple(sorted({posixpath.normpath(v) for v in variants})),
         tuple(sorted(excluded)),
         tuple(kept),

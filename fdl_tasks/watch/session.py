@@ -7,7 +7,6 @@ the way they stop a plain prebuild; file events arrive from the
 
 from __future__ import annotations
 
-import os
 import posixpath
 import time
 from collections.abc import Mapping
@@ -48,7 +47,6 @@ class Session:
         self.files = WatchFiles(run.root, command)
         self.state_file = StateFile(self.files, run.report)
         self.root = posixpath.normpath(str(run.root))
-        self.cluster_file = posixpath.normpath(os.path.abspath(run.settings.cluster_file))
         self.cycle = 0
         self.last_ok: bool | None = None
         #: What a failed cycle could not remove (a timed-out build's container): exit 3 at the end.
@@ -81,7 +79,6 @@ class Session:
             self.packages = package_dirs(self.root)
         return survey(
             self.run,
-            self.cluster_file,
             self.packages,
             self.target_dirs,
             self.files.directory,

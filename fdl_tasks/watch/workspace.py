@@ -50,7 +50,7 @@ def scope_files(scope: Scope) -> Iterator[str]:
         with contextlib.suppress(OSError):
             yield from (e.path for e in os.scandir(variant) if e.is_file())
         yield from walk_files(posixpath.join(variant, "lib"), scope.root)
-    yield scope.cluster_file
+    yield from scope.cluster_files
     for path in scope.declared:
         yield path  # a hidden one inside the root too (the walk skips those)
         if not under(path, scope.root) and os.path.isdir(path):
@@ -93,7 +93,6 @@ def build_outputs(
 
 def survey(
     run: Run,
-    cluster_file: str,
     packages: Mapping[str, Sequence[str]],
     target_dirs: Iterable[tuple[str, str | None]],
     watch_dir: Path,
@@ -114,4 +113,5 @@ def survey(
     if cache:
         own.append(os.path.abspath(os.path.expanduser(cache)))
     variants = [libtorch_dir(root, arch) for arch in archs]
-    return make_scope(root, cluster_file, variants, dirs, declared, whole, own)
+    files = [os.path.abspath(f) for f in run.cluster.files]
+    return make_scope(root, files, variants, dirs, declared, whole, own)

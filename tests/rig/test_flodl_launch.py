@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, decode
-from rig.harness import RigCluster, run_inv, start_rig, write_tasks_file
+from rig.harness import RigCluster, Running, inv_argv, run_inv, start_rig, write_tasks_file
 from rig.sshrig import HostSpec
 from tests.unit.docs_text import blocks
 
@@ -129,3 +129,20 @@ def test_compose_md_s_train_task_prebuilds_then_hands_the_envelope_to_fdl(
     assert seen["argv"] == ["@cluster", "ddp-bench", "--no-prebuild", "--epochs", "2"]
     published = (project / "target/cluster/_envelopes/ddp-bench.json").read_text()
     assert seen["envelope"] == published.rstrip("\n")
+
+
+def test_watch_rereads_the_cluster_when_fdl_yml_changes(rig: RigCluster) -> None:
+    """The cluster block is merged from several files: a save of the base alone (its
+    part of the block) re-reads the cluster and probes again."""
+    project = flodl_project(rig)
+    argv = inv_argv("prebuild", "--cmd", "ddp-bench", "--watch")
+    run = Running(argv, project, rig.environment())
+    try:
+        run.wait_for(lambda: "watch: cycle 1 ok" in run.stderr, timeout=300)
+        base = project / "fdl.yml"
+        base.write_text(base.read_text() + yaml.safe_dump({"cluster": {"env": {"X": "1"}}}))
+        run.wait_for(lambda: "watch: cycle 2 " in run.stderr, timeout=120)
+        line = next(t for _, t in run.lines if t.startswith("watch: cycle 2 "))
+        assert "fdl.yml changed): preflight ok;" in line, line
+    finally:
+        run.stop()

@@ -39,7 +39,7 @@ CU128 = f"{ROOT}/libtorch/precompiled/cu128"
 def scope(**fields: object) -> Scope:
     defaults: dict[str, object] = {
         "root": ROOT,
-        "cluster_file": "/home/me/cluster.yaml",
+        "cluster_files": ["/home/me/cluster.yaml"],
         "variants": [CU128],
         "package_dirs": [ROOT, f"{ROOT}/ddp-bench", f"{ROOT}/flodl-sys"],
     }
@@ -90,9 +90,20 @@ def test_a_source_dir_named_target_below_src_still_counts() -> None:
 
 
 def test_cluster_file_inside_the_root_and_paths_not_normalised() -> None:
-    inside = scope(cluster_file=f"{ROOT}/cluster.yaml")
+    inside = scope(cluster_files=[f"{ROOT}/cluster.yaml"])
     assert inside.classify(f"{ROOT}/cluster.yaml") is Kind.CLUSTER
     assert inside.classify(f"{ROOT}/ddp-bench/../ddp-bench/src//main.rs") is Kind.SOURCE
+
+
+def test_every_file_of_a_flodl_cluster_counts_as_the_cluster_file() -> None:
+    """``fdl.yml``, its overlay, a parent named by ``inherit-from:`` and ``fdl-tasks.yml``:
+    a save of any re-reads the cluster."""
+    layers = [f"{ROOT}/fdl.yml", "/home/me/shared.yml", f"{ROOT}/fdl.cluster.yml"]
+    flodl = scope(cluster_files=[*layers, f"{ROOT}/fdl-tasks.yml"])
+    for path in [*layers, f"{ROOT}/fdl-tasks.yml"]:
+        assert flodl.classify(path) is Kind.CLUSTER, path
+    assert flodl.classify(f"{ROOT}/fdl.vm.yml") is None  # another env's overlay
+    assert "/home/me" in watch_plan(flodl, [], lambda p: True).flat  # outside the root
 
 
 def test_declared_inputs_and_whole_packages() -> None:
@@ -206,7 +217,7 @@ def test_watch_plan_watches_declared_files_in_hidden_dirs() -> None:
 
 
 def test_watch_plan_drops_flat_dirs_inside_watched_trees() -> None:
-    s = scope(cluster_file=f"{ROOT}/ops/cluster.yaml")
+    s = scope(cluster_files=[f"{ROOT}/ops/cluster.yaml"])
     plan = watch_plan(s, ["ops"], lambda p: True)
     assert f"{ROOT}/ops" in plan.recursive
     assert all(not p.startswith(f"{ROOT}/ops") for p in plan.flat)
