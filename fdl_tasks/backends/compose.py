@@ -8,8 +8,11 @@ build's containers, found by their labels.
 from __future__ import annotations
 
 import functools
+import json
+import posixpath
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fdl_tasks.backends.containers import ContainerBackend
 from fdl_tasks.build_argv import (
@@ -20,7 +23,7 @@ from fdl_tasks.build_argv import (
     cross_variables,
 )
 from fdl_tasks.build_environment import BuildEnvironment, BuildJob, NoEnvironment
-from fdl_tasks.build_record import RecordInputs
+from fdl_tasks.build_record import RECORD_RUN_ID, RecordInputs
 from fdl_tasks.cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.docker_tools import (
     check_docker,
@@ -54,6 +57,51 @@ def compose_environment(root: str, arch: Arch, ids: tuple[int, int]) -> dict[str
     if cuda:
         environment |= {"CUDA_VERSION": cuda.version, "CUDA_TAG": cuda.tag}
     return environment | {"UID": str(ids[0]), "GID": str(ids[1])}
+
+
+#: Variables a service passes through that are the tool's output, not a build's input.
+NOT_INPUTS = ("FLODL_INTERNAL_PREBUILD_PER_HOST",)
+
+
+def _bind(volume: object) -> tuple[str, str] | None:
+    """(container path, host path) of a bind mount as ``docker compose config`` prints it
+    (v2's long form, v1's ``source:target[:mode]``); ``None`` for anything else."""
+    if isinstance(volume, Mapping):
+        source, target = volume.get("source"), volume.get("target")
+        bound = volume.get("type") == "bind"
+    else:
+        source, _, rest = str(volume).partition(":")
+        target, bound = rest.partition(":")[0], bool(rest)
+    if not bound or not isinstance(source, str) or not source.startswith("/"):
+        return None
+    return str(target), posixpath.normpath(source)
+
+
+def service_inputs(
+    service: Mapping[str, Any], image_id: str | None, root: str, variant: str, line: str
+) -> RecordInputs | None:
+    """What a build in this resolved service reads: the image's content id, the service as
+    compose resolved it and the build line make its identity; its bind mounts are looked
+    at (the project and the variant as such, a mounted ``RUSTUP_HOME`` by what an update
+    rewrites). ``None`` when it reads what no record can see (a named volume, no image)."""
+    binds = [_bind(v) for v in service.get("volumes") or ()]
+    if image_id is None or None in binds:
+        return None
+    mounts = [b for b in binds if b is not None]
+    environment = service.get("environment") or {}
+    if not isinstance(environment, Mapping):
+        return None
+    rustup = environment.get("RUSTUP_HOME")
+    homes = tuple(source for target, source in mounts if target == rustup)
+    own = {posixpath.normpath(root), posixpath.normpath(variant), *homes}
+    seen = {k: v for k, v in service.items() if k != "environment"}
+    seen["environment"] = {k: v for k, v in environment.items() if k not in NOT_INPUTS}
+    return RecordInputs(
+        f"{image_id} {json.dumps(seen, sort_keys=True, default=str)} {line}",
+        tuple((t, None if s == posixpath.normpath(variant) else s) for t, s in mounts),
+        tuple(s for _, s in mounts if s not in own),
+        homes,
+    )
 
 
 def compose_line(
@@ -108,6 +156,8 @@ class ComposeBackend(ContainerBackend):
         assert isinstance(controller.docker, ComposeService), "the registry chose by type"
         self.controller, self.compose, self.source = controller, controller.docker, source
         self.run_id, self.cache = run_id, cache
+        #: (service, its variables) → the service as compose resolved it, and its image's id.
+        self.resolved: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, str | None]] = {}
 
     @functools.cached_property
     def compose_argv(self) -> tuple[str, ...]:
@@ -136,9 +186,26 @@ class ComposeBackend(ContainerBackend):
         return [(self.compose.workspace, self.controller.path)]  # the compose file mounts the rest
 
     def record_inputs(self, job: BuildJob) -> RecordInputs:
-        """No identity: a compose service (its volumes, its env files) may read anything;
-        what it reads of the project is recorded through the workspace's mount."""
-        return RecordInputs(None, tuple(self.mounts()))
+        """The service as this run's check resolved it (:func:`service_inputs`); no
+        identity for a ``--timings`` build, a service not checked in this run or one that
+        reads what no record sees: what it reads of the project is still recorded."""
+        root, build = self.controller.path, job.build
+        variables = compose_environment(root, build.arch, self.ids)
+        found = self.resolved.get((build.environment.toolchain, tuple(sorted(variables.items()))))
+        if found is None or build.timings:
+            return RecordInputs(None, tuple(self.mounts()))
+        service, image_id = found
+        line = compose_line(
+            job,
+            self.controller,
+            self.compose,
+            self.compose_argv,
+            RECORD_RUN_ID,
+            self.ids,
+            self.cache,
+        )
+        inputs = service_inputs(service, image_id, root, libtorch_dir(root, build.arch), line)
+        return inputs or RecordInputs(None, tuple(self.mounts()))
 
     def check(self, environments: Sequence[BuildEnvironment]) -> None:
         """Each service resolves to local images under each build's variables, and the
@@ -151,7 +218,14 @@ class ComposeBackend(ContainerBackend):
         for service, sets in services.items():
             configs = compose_configs(self.compose_argv, service, root, sets, self.source)
             images = service_images(configs, service)
-            check_docker(images, f"the images of compose service {service!r}", self.source)
+            ids = check_docker(images, f"the images of compose service {service!r}", self.source)
+            distinct = dict.fromkeys(tuple(sorted(v.items())) for v in sets)
+            for key, config in zip(distinct, configs, strict=True):
+                resolved = config["services"][service]
+                self.resolved[(service, key)] = (
+                    resolved,
+                    ids.get(str(resolved.get("image"))),
+                )
             create_compose_networks(self.compose_argv, service, root, sets[0], configs[0])
 
     def build_line(self, job: BuildJob) -> str:

@@ -24,12 +24,13 @@ from fdl_tasks.backends.compose import compose_line
 from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_plan import plan_builds
 from fdl_tasks.docker_tools import remove_containers
-from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.envelope import PerHostEnvelope, decode
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.model import ComposeService
 from rig.harness import RigCluster, containers, prebuild_args, start_rig
 from rig.project import write_compose_file
 from rig.sshrig import HostSpec
+from tests.rig.test_everyday import docker_calls
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
@@ -184,3 +185,48 @@ def test_sigterm_removes_every_compose_container(rig: RigCluster) -> None:
     )
     assert "Traceback" not in run.stderr
     assert not (rig.project / "target/cluster/_envelopes/ddp-bench.json").exists()
+
+
+def test_a_compose_no_op_starts_no_container_and_a_service_change_runs_cargo(
+    rig: RigCluster,
+) -> None:
+    """The record's identity is the service as compose resolves it, with its image's id: an
+    unchanged one starts nothing, a changed one (a variable of its environment) runs cargo.
+    A source saved in the build's own second is rebuilt either way (its content decides)."""
+    path = flodl_cluster_file(rig)
+    built = rig.inv(*prebuild_args(path))
+    assert built.returncode == 0, built.stderr
+    shim, calls = docker_calls(rig, "compose-noop")
+    noop = rig.inv(*prebuild_args(path), env=shim)
+    assert noop.returncode == 0, noop.stderr
+    assert not [c for c in calls.read_text().splitlines() if " run " in f" {c}"], calls.read_text()
+    assert "cargo not started" in noop.stderr and "Compiling" not in noop.stderr
+
+    compose = rig.project / "docker-compose.yml"
+    original = compose.read_text()
+    try:
+        data = yaml.safe_load(original)
+        for service in data["services"].values():
+            service["environment"]["FDL_NOTE"] = "x"
+        compose.write_text(yaml.safe_dump(data, sort_keys=False))
+        changed = rig.inv(*prebuild_args(path), env=shim)
+        assert changed.returncode == 0, changed.stderr
+        assert "cargo not started" not in changed.stderr
+    finally:
+        compose.write_text(original)
+
+    main = rig.project / "ddp-bench/src/main.rs"
+    text = main.read_text()
+    stamp = main.stat().st_mtime_ns
+    try:
+        main.write_text(text.replace('cuda={cuda}");', 'cuda={cuda} saved=again");'))
+        os.utime(main, ns=(stamp, stamp))  # cargo's mtime rule calls it fresh
+        again = rig.inv(*prebuild_args(path))
+        assert again.returncode == 0, again.stderr
+        envelope = decode(
+            (rig.project / "target/cluster/_envelopes/ddp-bench.json").read_text(), "e"
+        )
+        entry = envelope["pascal"]
+        assert rig.run_on_host("pascal", str(rig.project), entry).endswith("saved=again")
+    finally:
+        main.write_text(text)

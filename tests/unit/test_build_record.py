@@ -8,10 +8,12 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 
+from fdl_tasks.backends.compose import NOT_INPUTS, service_inputs
 from fdl_tasks.backends.docker_run import DockerRunBackend, user_inputs
 from fdl_tasks.backends.native import toolchain_identity
 from fdl_tasks.build_environment import Build, BuildEnvironment, BuildJob
@@ -712,3 +714,51 @@ def test_a_build_that_did_not_end_well_is_compared_with_too(tmp_path: Path) -> N
     assert check.verdict == Verdict(False, ("release/.fingerprint/util-0002",), (str(lib),))
     built(tmp_path, job)  # a build that ends well
     assert records(tmp_path).check(job).verdict.fresh
+
+
+# ---------------------------------------------------------------------------- compose services
+
+SERVICE: dict[str, Any] = {
+    "image": "flodl-cuda:12.8",
+    "volumes": [
+        {"type": "bind", "source": "/srv/proj", "target": "/workspace"},
+        {"type": "bind", "source": "/srv/proj/libtorch/precompiled/cu128", "target": "/lt"},
+        {"type": "bind", "source": "/root/.rustup", "target": "/opt/rustup", "read_only": True},
+        "/root/.cargo:/opt/cargo:ro",  # docker-compose v1 prints the short form
+    ],
+    "environment": {"RUSTUP_HOME": "/opt/rustup", "FLODL_INTERNAL_PREBUILD_PER_HOST": "{}"},
+}
+
+
+def compose_inputs(
+    service: dict[str, object], image: str | None = "sha256:1"
+) -> RecordInputs | None:
+    variant = "/srv/proj/libtorch/precompiled/cu128"
+    return service_inputs(service, image, "/srv/proj", variant, "docker compose run … cuda")
+
+
+def test_a_compose_service_s_binds_are_what_its_record_looks_at() -> None:
+    inputs = compose_inputs(SERVICE)
+    assert inputs is not None and inputs.identity is not None
+    assert inputs.identity.startswith("sha256:1 ")
+    assert ("/workspace", "/srv/proj") in inputs.mounts and ("/lt", None) in inputs.mounts
+    assert inputs.rustup == ("/root/.rustup",)  # an update's files, not a walk
+    assert inputs.walked == ("/root/.cargo",)
+
+
+def test_a_compose_identity_changes_with_the_service_not_with_the_envelope() -> None:
+    published = {**SERVICE, "environment": {**SERVICE["environment"], NOT_INPUTS[0]: '{"a":{}}'}}
+    changed = {**SERVICE, "environment": {**SERVICE["environment"], "RUSTFLAGS": "-C x"}}
+    first, same, other = (compose_inputs(s) for s in (SERVICE, published, changed))
+    assert first is not None and same is not None and other is not None
+    assert first.identity == same.identity != other.identity
+    newer = compose_inputs(SERVICE, "sha256:2")
+    assert newer is not None and newer.identity != first.identity
+
+
+@pytest.mark.parametrize(
+    "volume", ["cargo-cache:/usr/local/cargo", {"type": "volume", "source": "x", "target": "/x"}]
+)
+def test_a_compose_service_reading_what_no_record_sees_has_no_identity(volume: object) -> None:
+    assert compose_inputs({**SERVICE, "volumes": [*SERVICE["volumes"], volume]}) is None
+    assert compose_inputs(SERVICE, image=None) is None
