@@ -6,13 +6,18 @@ directories (the binary's and the command's working directory), removes
 temporary files an interrupted upload left, and reports the copy's sha256,
 the free space and whether the directory is writable; :func:`decide` turns
 that answer into nothing to send, an upload, or one clear error.
+
+A host that refuses SFTP gets the bytes on the stdin of :func:`stream_script`
+instead, over the ssh exec channel the query already used; :func:`stream_problem`
+reads its answer.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -138,6 +143,76 @@ def decide(target: Target, state: HostState) -> Decision:
     if state.free_bytes is not None and state.free_bytes < target.size:
         return Decision("error", no_space(target, state.free_bytes))
     return Decision("send")
+
+
+def write_failed(target: Target, state: HostState, why: str) -> str:
+    """A write that failed mid-way (often a disk filled by another writer): the bytes
+    needed and the space there was."""
+    free = "" if state.free_bytes is None else f", {megabytes(state.free_bytes)} free before"
+    return (
+        f"{target.host}: writing {target.final} failed ({why}); the binary needs "
+        f"{target.size} bytes ({megabytes(target.size)}){free}"
+    )
+
+
+def stream_script(target: Target, part: str, stale: Sequence[str]) -> str:
+    """Receive the binary on stdin into ``part``; keep it only whole and with the expected
+    sha256, executable, renamed over the final path (``mv -f``, an atomic ``rename(2)``).
+
+    Short input (the controller stopped, the connection dropped) fails the checks, so
+    the host removes the part itself. ``stale`` are parts of a dropped attempt.
+    """
+    q = shlex.quote(part)
+    drop = f"rm -f -- {q}"
+    lines = [f"rm -f -- {' '.join(map(shlex.quote, stale))}"] if stale else []
+    return "\n".join(
+        [
+            *lines,
+            "umask 077",
+            f"if ! cat > {q}; then {drop}; echo received=unwritten; exit 1; fi",
+            f"size=$(wc -c < {q} | tr -d ' ')",
+            f"sum=$(sha256sum {q} | cut -d' ' -f1)",
+            f'if [ "$size" != {target.size} ] || [ "$sum" != {shlex.quote(target.sha256)} ]',
+            f'then {drop}; echo "received=$size sha256=$sum"; exit 3; fi',
+            f"if ! {{ chmod 755 {q} && mv -f -- {q} {shlex.quote(target.final)}; }}",
+            f"then {drop}; echo received=unwritten; exit 1; fi",
+            "echo received=ok",
+        ]
+    )
+
+
+_RECEIVED = re.compile(r"^received=(\S*)(?: sha256=(\S*))?$", re.MULTILINE)
+
+
+def stream_problem(
+    target: Target, state: HostState, exited: int, stdout: str, stderr: str
+) -> str | None:
+    """What went wrong in :func:`stream_script`, as one line; ``None``: the file is in place.
+
+    No ``received=`` answer means the exec channel did not run the script as written.
+    """
+    said = stderr.strip().splitlines()
+    answer = _RECEIVED.search(stdout)
+    if answer is None:
+        return refused_both(target.host, ": ".join([f"exit {exited}", *said[-1:]]))
+    size, sha = answer.groups()
+    if size == "ok":
+        return None
+    if size == "unwritten":
+        return write_failed(target, state, said[-1] if said else f"exit {exited}")
+    return write_failed(
+        target,
+        state,
+        f"{size or 'no'} bytes arrived with sha256 {sha or 'none'}, "
+        f"{target.size} were sent with sha256 {target.sha256}",
+    )
+
+
+def refused_both(host: str, why: str) -> str:
+    return (
+        f"{host}: the host refuses SFTP, and the ssh exec channel failed too ({why}): "
+        "the binary could not be sent"
+    )
 
 
 def no_space(target: Target, free: int | None) -> str:

@@ -2,9 +2,11 @@
 
 Each upload writes a temporary name beside the final path and renames it
 (``posix-rename@openssh.com``, an atomic ``rename(2)`` on the host): a binary
-running there keeps its inode, and nothing can exec half a file. A dropped
-connection is retried once on a fresh one; every other failure is that host's
-error, and the other hosts still finish.
+running there keeps its inode, and nothing can exec half a file. A host whose
+sshd refuses the SFTP subsystem (hardened images drop it) gets the same file,
+checks and rename over the ssh exec channel instead. A dropped connection is
+retried once on a fresh one; every other failure is that host's error, and the
+other hosts still finish.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import attrs
+import fabric
 import paramiko
 
 from fdl_tasks.binary_check import file_sha256
@@ -29,7 +32,11 @@ from fdl_tasks.copy_plan import (
     megabytes,
     parse_state,
     query_script,
+    refused_both,
+    stream_problem,
+    stream_script,
     target_for,
+    write_failed,
 )
 from fdl_tasks.envelope import PerHostEnvelope
 from fdl_tasks.errors import FdlError, Stopped
@@ -60,6 +67,10 @@ class Copies:
 
 class _Interrupted(Exception):
     """The user stopped the run: uploads end at their next block."""
+
+
+class _NoSftp(Exception):
+    """The host refused the SFTP subsystem on a live connection: nothing was written."""
 
 
 class _Dropped(Exception):
@@ -163,12 +174,24 @@ def _send(
     report: Callable[[str], None],
     stop: threading.Event,
 ) -> str | None:
-    """Upload once, and once more on a fresh connection if this one dropped; the error."""
+    """Upload once, and once more on a fresh connection if this one dropped; the error.
+
+    A host that refuses SFTP is sent to over the exec channel, and said so once.
+    """
     started = time.monotonic()
     stale: list[str] = []  # a part the dropped connection could not remove
+    exec_channel = False  # the host refused SFTP
     for attempt in (1, 2):
         try:
-            _upload(fleet, target, settings.probe_timeout, stop, stale)
+            if not exec_channel:
+                try:
+                    _upload(fleet, target, settings.probe_timeout, stop, stale)
+                    break
+                except _NoSftp:
+                    exec_channel = True
+            problem = _stream(fleet, target, state, settings.probe_timeout, stop, stale)
+            if problem:
+                return problem
             break
         except _Interrupted:
             return f"{target.host}: stopped"
@@ -188,7 +211,8 @@ def _send(
         except OSError as exc:
             return _write_error(target, state, exc)
     seconds = time.monotonic() - started
-    report(f"copy: {target.host}: sent {megabytes(target.size)} in {seconds:.1f} s")
+    how = " over the ssh exec channel: the host refuses SFTP" if exec_channel else ""
+    report(f"copy: {target.host}: sent {megabytes(target.size)} in {seconds:.1f} s{how}")
     return None
 
 
@@ -197,11 +221,38 @@ def _write_error(target: Target, state: HostState, exc: OSError) -> str:
     mid-write as a bare "Failure") with the bytes needed and the space there was."""
     if isinstance(exc, PermissionError):
         return f"{target.host}: {target.directory} is not writable by the ssh user: {exc}"
-    free = "" if state.free_bytes is None else f", {megabytes(state.free_bytes)} free before"
-    return (
-        f"{target.host}: writing {target.final} failed ({exc}); the binary needs "
-        f"{target.size} bytes ({megabytes(target.size)}){free}"
-    )
+    return write_failed(target, state, str(exc))
+
+
+def _transport(connection: fabric.Connection) -> paramiko.Transport:
+    """The host's live transport, opened again if it was closed."""
+    try:
+        if not connection.is_connected:
+            connection.open()
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        raise _Dropped(str(exc) or type(exc).__name__) from exc
+    transport: paramiko.Transport | None = connection.client.get_transport()
+    if transport is None or not transport.is_active():
+        raise _Dropped("the connection is closed")
+    return transport
+
+
+def _open_sftp(transport: paramiko.Transport, timeout: float) -> paramiko.SFTPClient:
+    """An SFTP session; :class:`_NoSftp` if the host refuses the subsystem or no SFTP
+    server answers on it while the connection stays up (paramiko says "Channel closed.")."""
+    try:
+        channel = transport.open_session()
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        raise _Dropped(str(exc) or type(exc).__name__) from exc
+    channel.settimeout(timeout)
+    try:
+        channel.invoke_subsystem("sftp")
+        return paramiko.SFTPClient(channel)
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        channel.close()
+        if transport.is_active():
+            raise _NoSftp from exc
+        raise _Dropped(str(exc) or type(exc).__name__) from exc
 
 
 def _upload(
@@ -210,13 +261,7 @@ def _upload(
     """The temporary file written, made executable, checked for size, renamed into place;
     first, the ``stale`` parts of an attempt whose connection dropped are removed."""
     connection = fleet.connections[target.host]
-    try:
-        if not connection.is_connected:
-            connection.open()
-        sftp = connection.client.open_sftp()
-    except (OSError, EOFError, paramiko.SSHException) as exc:
-        raise _Dropped(str(exc) or type(exc).__name__) from exc
-    sftp.get_channel().settimeout(timeout)
+    sftp = _open_sftp(_transport(connection), timeout)
     part = target.part(secrets.token_hex(6))
     try:
         for leftover in stale:
@@ -252,3 +297,73 @@ def _remove_quietly(sftp: paramiko.SFTPClient, part: str) -> None:
     """Best effort: on a dead connection the next query removes the part instead."""
     with contextlib.suppress(Exception):  # the original failure is the one to report
         sftp.remove(part)
+
+
+def _stream(
+    fleet: Fleet,
+    target: Target,
+    state: HostState,
+    timeout: float,
+    stop: threading.Event,
+    stale: Sequence[str],
+) -> str | None:
+    """The file on the stdin of :func:`stream_script` over an exec channel; the error.
+
+    A stop or a dropped connection leaves the host a short file, which its checks
+    remove; a stop waits for that before it raises.
+    """
+    transport = _transport(fleet.connections[target.host])
+    part = target.part(secrets.token_hex(6))
+    try:
+        channel = transport.open_session(timeout=timeout)
+        channel.exec_command(stream_script(target, part, stale))
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        if not transport.is_active():
+            raise _Dropped(str(exc) or type(exc).__name__) from exc
+        return refused_both(target.host, str(exc) or type(exc).__name__)
+    try:
+        return _feed(channel, target, state, timeout, stop, part)
+    finally:
+        channel.close()
+
+
+def _feed(
+    channel: paramiko.Channel,
+    target: Target,
+    state: HostState,
+    timeout: float,
+    stop: threading.Event,
+    part: str,
+) -> str | None:
+    """The file's blocks, then end of input; the script's answer as the error, if any."""
+    channel.settimeout(timeout)
+    try:
+        with target.source.open("rb") as source:
+            for block in iter(lambda: source.read(BLOCK), b""):
+                if stop.is_set():
+                    channel.shutdown_write()
+                    _exited(channel, timeout)
+                    raise _Interrupted
+                channel.sendall(block)
+        channel.shutdown_write()
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        if not channel.exit_status_ready():  # else the script ended early: its answer
+            raise _Dropped(str(exc) or type(exc).__name__, part) from exc
+    exited = _exited(channel, timeout)
+    if exited is None:
+        raise _Dropped(f"no answer within {timeout:.0f} s after the last byte", part)
+    out, err = _drain(channel.recv), _drain(channel.recv_stderr)
+    return stream_problem(target, state, exited, out, err)
+
+
+def _exited(channel: paramiko.Channel, timeout: float) -> int | None:
+    """The script's exit status; ``None`` if the connection died or it did not end in time."""
+    if not channel.status_event.wait(timeout):
+        return None
+    status = channel.recv_exit_status()
+    return None if status == -1 else status
+
+
+def _drain(read: Callable[[int], bytes]) -> str:
+    """What the channel holds of one stream (small: the script's answer)."""
+    return b"".join(iter(lambda: read(BLOCK), b"")).decode(errors="replace")

@@ -194,6 +194,9 @@ class HostSpec:
     docstring); not combined with ``uname_m``, ``libc`` or ``glibc_version``."""
     gpus: str | None = None
     """A profile of :mod:`rig.gpushims`: ``nvidia-smi`` / ``rocminfo`` print real captures."""
+    sftp: bool = True
+    """``False``: the sshd has no ``Subsystem sftp`` line and refuses the subsystem, as
+    hardened images do."""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -840,7 +843,7 @@ class Rig:
                 authorized_keys=self.authorized_keys,
                 rig_user=RIG_USER,
                 force_command=hd / "session.sh",
-                sftp_server=SFTP_SERVER,
+                subsystem=f"Subsystem sftp {SFTP_SERVER}" if spec.sftp else "# no SFTP",
             )
             _write(self._config(spec.name), config, 0o644)
 
