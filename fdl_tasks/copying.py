@@ -230,7 +230,7 @@ def _transport(connection: fabric.Connection) -> paramiko.Transport:
         if not connection.is_connected:
             connection.open()
     except (OSError, EOFError, paramiko.SSHException) as exc:
-        raise _Dropped(str(exc) or type(exc).__name__) from exc
+        raise _Dropped(_why(exc)) from exc
     transport: paramiko.Transport | None = connection.client.get_transport()
     if transport is None or not transport.is_active():
         raise _Dropped("the connection is closed")
@@ -243,7 +243,7 @@ def _open_sftp(transport: paramiko.Transport, timeout: float) -> paramiko.SFTPCl
     try:
         channel = transport.open_session()
     except (OSError, EOFError, paramiko.SSHException) as exc:
-        raise _Dropped(str(exc) or type(exc).__name__) from exc
+        raise _Dropped(_why(exc)) from exc
     channel.settimeout(timeout)
     try:
         channel.invoke_subsystem("sftp")
@@ -252,7 +252,7 @@ def _open_sftp(transport: paramiko.Transport, timeout: float) -> paramiko.SFTPCl
         channel.close()
         if transport.is_active():
             raise _NoSftp from exc
-        raise _Dropped(str(exc) or type(exc).__name__) from exc
+        raise _Dropped(_why(exc)) from exc
 
 
 def _upload(
@@ -283,7 +283,7 @@ def _upload(
         dead = channel is None or channel.closed or transport is None or not transport.is_active()
         _remove_quietly(sftp, part)
         if dead or not isinstance(exc, OSError):
-            raise _Dropped(str(exc) or type(exc).__name__, part) from exc
+            raise _Dropped(_why(exc), part) from exc
         raise
     except BaseException:
         _remove_quietly(sftp, part)
@@ -319,8 +319,8 @@ def _stream(
         channel.exec_command(stream_script(target, part, stale))
     except (OSError, EOFError, paramiko.SSHException) as exc:
         if not transport.is_active():
-            raise _Dropped(str(exc) or type(exc).__name__) from exc
-        return refused_both(target.host, str(exc) or type(exc).__name__)
+            raise _Dropped(_why(exc)) from exc
+        return refused_both(target.host, _why(exc))
     try:
         return _feed(channel, target, state, timeout, stop, part)
     finally:
@@ -348,7 +348,7 @@ def _feed(
         channel.shutdown_write()
     except (OSError, EOFError, paramiko.SSHException) as exc:
         if not channel.exit_status_ready():  # else the script ended early: its answer
-            raise _Dropped(str(exc) or type(exc).__name__, part) from exc
+            raise _Dropped(_why(exc), part) from exc
     exited = _exited(channel, timeout)
     if exited is None:
         raise _Dropped(f"no answer within {timeout:.0f} s after the last byte", part)
@@ -367,3 +367,9 @@ def _exited(channel: paramiko.Channel, timeout: float) -> int | None:
 def _drain(read: Callable[[int], bytes]) -> str:
     """What the channel holds of one stream (small: the script's answer)."""
     return b"".join(iter(lambda: read(BLOCK), b"")).decode(errors="replace")
+
+
+def _why(exc: BaseException) -> str:
+    """paramiko's own words: a refused channel's text, else the message, else the type."""
+    text = exc.text if isinstance(exc, paramiko.ChannelException) else str(exc)
+    return text or type(exc).__name__
