@@ -164,3 +164,21 @@ def sftp_sessions(rig: RigCluster, host: str) -> list[psutil.Process]:
             if session and process.environ().get(ENV_MARKER) == marker:
                 found.append(session)
     return found
+
+
+def interrupt_mid_upload(rig: RigCluster, host: str, edition: int) -> Running:
+    """Ctrl-C a prebuild while ``host``'s part grows: it fails without a traceback, and the
+    host keeps its old binary and no part."""
+    before = sha(private_dir(rig, host) / binary(host))
+    edit(rig, edition)
+    run = rig.background(
+        "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(rig.root / "cluster.yaml")
+    )
+    freeze_mid_upload(run, rig, host, set(parts(rig, host)))
+    run.process.send_signal(signal.SIGINT)
+    run.process.send_signal(signal.SIGCONT)
+    assert run.finish(timeout=60) != 0
+    assert "Traceback" not in run.stderr, run.stderr
+    assert not parts(rig, host), run.stderr
+    assert sha(private_dir(rig, host) / binary(host)) == before, run.stderr
+    return run

@@ -26,6 +26,7 @@ from tests.rig.copy_rig import (
     edit,
     freeze_mid_upload,
     hosts,
+    interrupt_mid_upload,
     launch,
     parts,
     prebuild,
@@ -129,15 +130,5 @@ def test_full_disk_and_unwritable_path_name_the_host_others_finish(
 
 
 def test_ctrl_c_mid_upload_removes_the_temporary_file(rig: RigCluster) -> None:
-    before = sha(private_dir(rig, "cp-a") / binary("cp-a"))
-    edit(rig, 7)
-    run = rig.background(
-        "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(rig.root / "cluster.yaml")
-    )
-    freeze_mid_upload(run, rig, "cp-a", set(parts(rig, "cp-a")))
-    run.process.send_signal(signal.SIGINT)
-    run.process.send_signal(signal.SIGCONT)
-    assert run.finish(timeout=60) != 0
-    assert "Traceback" not in run.stderr, run.stderr
-    assert not parts(rig, "cp-a") and not parts(rig, "cp-b")
-    assert sha(private_dir(rig, "cp-a") / binary("cp-a")) == before, run.stderr
+    run = interrupt_mid_upload(rig, "cp-a", 7)
+    assert not parts(rig, "cp-b"), run.stderr

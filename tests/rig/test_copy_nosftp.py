@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +20,7 @@ from tests.rig.copy_rig import (
     binary,
     copy_rig,
     edit,
-    freeze_mid_upload,
+    interrupt_mid_upload,
     on_host,
     parts,
     prebuild,
@@ -82,15 +81,4 @@ def test_an_edit_is_sent_again_over_the_exec_channel(rig: RigCluster) -> None:
 
 def test_ctrl_c_mid_stream_leaves_the_old_binary_and_no_part(rig: RigCluster) -> None:
     """The stopped sender ends the input early: the host's checks remove the short part."""
-    before = sha(private_dir(rig, "cp-a") / binary("cp-a"))
-    edit(rig, 10)
-    run = rig.background(
-        "prebuild", "--cmd", "ddp-bench", "--cluster-file", str(rig.root / "cluster.yaml")
-    )
-    freeze_mid_upload(run, rig, "cp-a", set(parts(rig, "cp-a")))
-    run.process.send_signal(signal.SIGINT)
-    run.process.send_signal(signal.SIGCONT)
-    assert run.finish(timeout=60) != 0
-    assert "Traceback" not in run.stderr, run.stderr
-    assert not parts(rig, "cp-a"), run.stderr
-    assert sha(private_dir(rig, "cp-a") / binary("cp-a")) == before, run.stderr
+    interrupt_mid_upload(rig, "cp-a", 10)
