@@ -87,7 +87,9 @@ class NcclSources:
         arch = worker.arch
         if arch is None or arch == AUTO or vendor_of(arch, worker.features) != "nvidia":
             return None
-        return cls(variant_lib(worker.path, arch), f"{libtorch_dir(worker.path, arch)}/include/nccl.h")
+        return cls(
+            variant_lib(worker.path, arch), f"{libtorch_dir(worker.path, arch)}/include/nccl.h"
+        )
 
     def lines(self) -> list[str]:
         """POSIX sh: the variant's ``libnccl.so.*`` names, the header's version lines and
@@ -96,12 +98,12 @@ class NcclSources:
         system = "sed -n 's/.*libnccl\\.so.* => //p'"
         return [
             f"for f in {shlex.quote(self.lib)}/libnccl.so.*; do "
-            f"[ -e \"$f\" ] && printf '{LIB_KEY}=%s\\n' \"${{f##*/}}\"; done",
+            f'[ -e "$f" ] && printf \'{LIB_KEY}=%s\\n\' "${{f##*/}}"; done',
             f"[ -r {header} ] && grep -E {shlex.quote(_GREP_DEFINES)} {header} | "
             f"sed 's/^/{HEADER_KEY}=/'",
             f"{{ ldconfig -p || /sbin/ldconfig -p; }} 2>/dev/null | {system} | "
             "while IFS= read -r p; do "
-            f"printf '{SYSTEM_KEY}=%s\\n' \"$(readlink -f \"$p\" 2>/dev/null || echo \"$p\")\"; "
+            f'printf \'{SYSTEM_KEY}=%s\\n\' "$(readlink -f "$p" 2>/dev/null || echo "$p")"; '
             "done",
         ]
 
