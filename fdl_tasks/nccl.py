@@ -92,13 +92,15 @@ class NcclSources:
         )
 
     def lines(self) -> list[str]:
-        """POSIX sh: the variant's ``libnccl.so.*`` names, the header's version lines and
-        the paths ``ldconfig -p`` knows for libnccl, each resolved to its real file."""
+        """POSIX sh: the variant's ``libnccl.so.*`` files and the paths ``ldconfig -p``
+        knows for libnccl, each also resolved to its real file (a ``libnccl.so.2`` link
+        names no minor), and the header's version lines."""
         header = shlex.quote(self.header)
         system = "sed -n 's/.*libnccl\\.so.* => //p'"
         return [
             f"for f in {shlex.quote(self.lib)}/libnccl.so.*; do "
-            f'[ -e "$f" ] && printf \'{LIB_KEY}=%s\\n\' "${{f##*/}}"; done',
+            f'[ -e "$f" ] && printf \'{LIB_KEY}=%s\\n\' "$f" "$(readlink -f "$f" 2>/dev/null)"; '
+            "done",
             f"[ -r {header} ] && grep -E {shlex.quote(_GREP_DEFINES)} {header} | "
             f"sed 's/^/{HEADER_KEY}=/'",
             f"{{ ldconfig -p || /sbin/ldconfig -p; }} 2>/dev/null | {system} | "

@@ -97,6 +97,10 @@ def test_the_probe_reads_the_variant_then_the_system_on_a_real_shell(tmp_path: P
     assert probed() == "2.26.2"
     (lib / "libnccl.so.2.21.5").touch()
     assert probed() == "2.21.5"
+    (lib / "libnccl.so.2.21.5").unlink()
+    (system / "libnccl.so.2.24.3").touch()
+    (lib / "libnccl.so.2").symlink_to(system / "libnccl.so.2.24.3")  # a link: its target's
+    assert probed() == "2.24.3"
     assert not list(tmp_path.rglob("pwned")) and not (Path.cwd() / "pwned").exists()
 
 
