@@ -92,21 +92,22 @@ class NcclSources:
         )
 
     def lines(self) -> list[str]:
-        """POSIX sh: the variant's ``libnccl.so.*`` files and the paths ``ldconfig -p``
-        knows for libnccl, each also resolved to its real file (a ``libnccl.so.2`` link
-        names no minor), and the header's version lines."""
+        """POSIX sh: the names of the variant's ``libnccl.so.*`` files and of the
+        ``ldconfig -p`` entries for libnccl, each resolved to its real file (a
+        ``libnccl.so.2`` link names no minor); the header's version lines. Names only:
+        a directory's own name could break an answer's line."""
         header = shlex.quote(self.header)
         system = "sed -n 's/.*libnccl\\.so.* => //p'"
         return [
             f"for f in {shlex.quote(self.lib)}/libnccl.so.*; do "
-            f'[ -e "$f" ] && printf \'{LIB_KEY}=%s\\n\' "$f" "$(readlink -f "$f" 2>/dev/null)"; '
-            "done",
+            '[ -e "$f" ] || continue; r=$(readlink -f "$f" 2>/dev/null); '
+            f'printf \'{LIB_KEY}=%s\\n\' "${{f##*/}}" "${{r##*/}}"; done',
             f"[ -r {header} ] && grep -E {shlex.quote(_GREP_DEFINES)} {header} | "
             f"sed 's/^/{HEADER_KEY}=/'",
-            f"{{ ldconfig -p || /sbin/ldconfig -p; }} 2>/dev/null | {system} | "
+            f'(PATH="$PATH:/sbin:/usr/sbin"; ldconfig -p) 2>/dev/null | {system} | '
             "while IFS= read -r p; do "
-            f'printf \'{SYSTEM_KEY}=%s\\n\' "$(readlink -f "$p" 2>/dev/null || echo "$p")"; '
-            "done",
+            'r=$(readlink -f "$p" 2>/dev/null || echo "$p"); '
+            f"printf '{SYSTEM_KEY}=%s\\n' \"${{r##*/}}\"; done",
         ]
 
 
