@@ -29,19 +29,17 @@ _DEFINE = re.compile(r"#\s*define\s+NCCL_(MAJOR|MINOR|PATCH)\s+(\d+)\b")
 _GREP_DEFINES = "^#[[:space:]]*define[[:space:]]+NCCL_(MAJOR|MINOR|PATCH)[[:space:]]"
 
 
-@attrs.frozen(order=True)
+@attrs.frozen
 class NcclVersion:
+    """A host's NCCL; ``patch`` is ``None`` where only major.minor was found."""
+
     major: int
     minor: int
     patch: int | None = None
 
-    @property
-    def series(self) -> str:
-        """``2.21``: what must agree across the hosts of one job."""
-        return f"{self.major}.{self.minor}"
-
     def __str__(self) -> str:
-        return self.series if self.patch is None else f"{self.series}.{self.patch}"
+        patch = "" if self.patch is None else f".{self.patch}"
+        return f"{self.major}.{self.minor}{patch}"
 
 
 def _from_files(names: Iterable[str]) -> NcclVersion | None:
@@ -114,14 +112,15 @@ class NcclSources:
 def nccl_skew(versions: Mapping[str, NcclVersion | None]) -> str | None:
     """The one line when hosts (in order) disagree on NCCL major.minor; hosts whose NCCL
     is unknown (or who have none) are left out."""
-    groups: dict[NcclVersion, list[str]] = {}
+    groups: dict[tuple[int, int], list[str]] = {}
     for host, version in versions.items():
         if version is not None:
-            series = NcclVersion(version.major, version.minor)
-            groups.setdefault(series, []).append(host)
+            groups.setdefault((version.major, version.minor), []).append(host)
     if len(groups) < 2:
         return None
-    listed = ", ".join(f"{v.series} ({', '.join(hosts)})" for v, hosts in sorted(groups.items()))
+    listed = ", ".join(
+        f"{major}.{minor} ({', '.join(hosts)})" for (major, minor), hosts in sorted(groups.items())
+    )
     return (
         f"NCCL differs across hosts: {listed}: a DDP job across them hangs or fails at the "
         "first collective; give them variants with the same NCCL major.minor"
