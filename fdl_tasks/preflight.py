@@ -22,6 +22,7 @@ from fdl_tasks.launch_facts import literal_address, loopback_warning
 from fdl_tasks.launch_mode import COMPOSE_FILES, forwarding_warning, forwards, launch_mode
 from fdl_tasks.login_verdicts import failed_verdict
 from fdl_tasks.model import Cluster, ComposeService, Controller, Worker
+from fdl_tasks.nccl import nccl_skew
 from fdl_tasks.outcomes import Failure
 from fdl_tasks.probe import (
     BuildEnvironment,
@@ -178,6 +179,9 @@ def run_preflight(
     if abi and probed != pinned:
         problems = controller_problems(run.root, source, backend, builds, probed)
     warnings = [w for w in (loopback.result(),) if w] + compose_forwarding(run)
+    skew = nccl_skew({v.host: v.facts.nccl if v.facts else None for v in verdicts})
+    if skew is not None:
+        (problems if run.settings.nccl_mismatch == "error" else warnings).append(skew)
     return [with_problems(local, problems, warnings), *verdicts]
 
 

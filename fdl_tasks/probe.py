@@ -18,6 +18,7 @@ from fdl_tasks.gpu_probe import GPU_FACT_LINES, gpu_report
 from fdl_tasks.gpus import GpuReport
 from fdl_tasks.host_paths import KEYS, HostPaths
 from fdl_tasks.model import DEFAULT_DATA_PATH, Controller, Worker
+from fdl_tasks.nccl import HEADER_KEY, LIB_KEY, SYSTEM_KEY, NcclSources, NcclVersion, parse_nccl
 from fdl_tasks.unmet_versions import UNMET_KEY, UnmetVersion, VariantLibraries, parse_unmet
 
 Status = Literal["ok", "warning", "error"]
@@ -50,6 +51,8 @@ class ProbeRequest:
     paths: HostPaths | None = None
     #: With ``abi``, a remote host's variant, once known: can its shared objects load?
     variant: VariantLibraries | None = None
+    #: With ``abi``, where a remote NVIDIA host's NCCL is read, once its variant is known.
+    nccl: NcclSources | None = None
 
     @classmethod
     def for_host(
@@ -58,8 +61,10 @@ class ProbeRequest:
         """``crate``: the command's crate dir, once known; ``source``: the cluster file."""
         declared = host.data_path is not None
         paths = HostPaths.for_worker(host, crate, source) if isinstance(host, Worker) else None
-        variant = VariantLibraries.for_worker(host) if abi and isinstance(host, Worker) else None
-        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, paths, variant)
+        worker = host if abi and isinstance(host, Worker) else None
+        variant = VariantLibraries.for_worker(worker) if worker else None
+        nccl = NcclSources.for_worker(worker) if worker else None
+        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, paths, variant, nccl)
 
     def script(self) -> str:
         """POSIX sh that always exits 0 and prints every fact between the markers."""
@@ -77,6 +82,7 @@ class ProbeRequest:
                 "if command -v pkill >/dev/null 2>&1; then echo pkill=yes; else echo pkill=no; fi",
                 *GPU_FACT_LINES,
                 *(self.variant.lines() if self.variant else ()),
+                *(self.nccl.lines() if self.nccl else ()),
             ]
         lines += [f"echo {END}", "exit 0"]
         return "\n".join(lines)
@@ -95,6 +101,8 @@ class ProbeFacts:
     missing: frozenset[str] = frozenset()
     #: What the variant's shared objects need that the host's libraries lack.
     unmet: tuple[UnmetVersion, ...] = ()
+    #: The NCCL its variant brings (``None``: not asked, none, or not found).
+    nccl: NcclVersion | None = None
 
     @property
     def musl(self) -> bool:
@@ -145,6 +153,7 @@ def parse_facts(stdout: str) -> ProbeFacts | None:
         gpus=gpu_report(answers),
         missing=frozenset(key for key in KEYS if answers.get(key) == "missing"),
         unmet=parse_unmet(answers.every(UNMET_KEY)),
+        nccl=parse_nccl(*(answers.every(key) for key in (LIB_KEY, HEADER_KEY, SYSTEM_KEY))),
     )
 
 
@@ -195,6 +204,7 @@ class Verdict:
             "pkill": facts.pkill if facts else None,
             "gpus": facts.gpus.to_json()["gpus"] if facts and facts.gpus else None,
             "gpu_tools": list(facts.gpus.tools) if facts and facts.gpus else None,
+            "nccl": str(facts.nccl) if facts and facts.nccl else None,
             "coverage": self.coverage,
             "arch": self.arch,
             "notes": list(self.notes),

@@ -26,6 +26,8 @@ Size = Annotated[str, "Size"]
 Requirement = Annotated[str, "Requirement"]
 #: ``fdl.ssh_login_errors``: a misconfigured ssh login is an ``error``, or (flodl) a ``warn``.
 LoginErrors = Annotated[str, "LoginErrors"]
+#: ``fdl.nccl_mismatch``: hosts disagreeing on NCCL major.minor are a ``warn`` or an ``error``.
+NcclMismatch = Annotated[str, "NcclMismatch"]
 #: ``fdl.launcher``: ``fdl`` (flodl's own launcher), ``direct`` (each binary alone) or ``auto``.
 Launcher = Annotated[str, "Launcher"]
 #: What ``fdl.launcher: auto`` and ``--launcher`` choose among.
@@ -76,7 +78,7 @@ def check_requirement(value: object) -> Requirement:
         ) from None
 
 
-def check_login_errors(value: object) -> LoginErrors:
+def check_error_or_warn(value: object) -> str:
     if isinstance(value, str) and value.lower() in ("error", "warn"):
         return value.lower()
     raise InvalidValue(f"must be error or warn, got {quote(value)}")
@@ -110,6 +112,7 @@ SETTING_CHECKS: dict[Any, Callable[[object], object]] = {
     Switch: check_switch,
     Size: check_cache_size,
     Requirement: check_requirement,
-    LoginErrors: check_login_errors,
+    LoginErrors: check_error_or_warn,
+    NcclMismatch: check_error_or_warn,
     Launcher: check_launcher,
 }

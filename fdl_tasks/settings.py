@@ -22,6 +22,7 @@ from fdl_tasks.setting_values import (
     Count,
     Launcher,
     LoginErrors,
+    NcclMismatch,
     Requirement,
     Seconds,
     Size,
@@ -59,6 +60,7 @@ class Settings:
     verify_retry_delay: Seconds = 1.0
     require_verified: Requirement = "one"
     ssh_login_errors: LoginErrors = "error"
+    nccl_mismatch: NcclMismatch = "warn"
     copy_window: Count = 8
     stale_warning_size: Size = "1G"
     watch_debounce: Seconds = 0.3

@@ -31,6 +31,7 @@ __all__ = [
     "FIXTURE_DIR",
     "STUB_SOURCE",
     "VARIANT_MARKER",
+    "add_nccl",
     "add_variant",
     "break_variant",
     "libtorch_dir",
@@ -125,6 +126,15 @@ def add_variant(
         _compile_stub(lib_dir / "libtorch.so", arch, compiler or [os.environ.get("CC", "gcc")])
         (lib_dir / VARIANT_MARKER).write_text(arch)
     return arch_dir
+
+
+def add_nccl(root: Path, arch: str, version: str) -> Path:
+    """An empty ``libnccl.so.<version>`` in the variant's ``lib`` (as precompiled libtorch
+    ships NCCL): the probe reads the version from its name. Return the file."""
+    nccl = libtorch_dir(root, arch) / "lib" / f"libnccl.so.{version}"
+    nccl.parent.mkdir(parents=True, exist_ok=True)
+    nccl.touch()
+    return nccl
 
 
 def break_variant(root: Path, arch: str) -> Path:

@@ -142,4 +142,40 @@ def test_probe_ldds_each_variant_library_of_the_hostile_path_and_nothing_else(
         expected = [e for e in expected if not e[0][0].endswith("/notlib.so")]
         assert sorted(lddeds) == sorted([(("--version",), None), *expected])
         others = sorted(c.name for c in calls if c.name != "ldd")
-        assert others == sorted(["head", "tr", "uname", *["sed"] * len(expected)])
+        nccl = ["ldconfig", "sed"] if request.nccl else []  # an NVIDIA variant: no file, no header
+        assert others == sorted(["head", "tr", "uname", *["sed"] * len(expected), *nccl])
+
+
+@settings(max_examples=40, deadline=None)
+@given(suffix=printable)
+def test_probe_reads_nccl_under_the_hostile_path_and_nothing_else(
+    recorders: Path, suffix: str
+) -> None:
+    with sandbox(recorders) as box:
+        path = box.path(suffix)
+        arch = "precompiled/cu128"
+        cluster = load(
+            {"controller": {"path": "/p"}, "workers": [one_worker(path, arch=arch)]},
+            "workers[0].",
+        )
+        if cluster is None:
+            reject()
+        worker = cluster.workers[0]
+        variant = f"{worker.path.rstrip('/')}/libtorch/{arch}"
+        real = os.path.realpath(worker.path)
+        if os.path.lexists(real) and not os.path.isdir(real):
+            return  # suffix resolved to a file of the sandbox (box.path never leaves it)
+        os.makedirs(f"{variant}/lib", exist_ok=True)
+        os.makedirs(f"{variant}/include", exist_ok=True)
+        Path(variant, "lib", "libnccl.so.2.21.5").touch()
+        Path(variant, "include", "nccl.h").write_text("#define NCCL_MAJOR 2\n")
+        request = attrs.evolve(ProbeRequest.for_host(worker, abi=True), paths=None, variant=None)
+        calls, stdout = box.run(request.script())
+        facts = parse_facts(stdout)
+        assert facts is not None and str(facts.nccl) == "2.21.5", stdout
+        asked = {c.name: c.argv for c in calls if c.name in ("readlink", "grep", "ldconfig")}
+        assert asked["readlink"] == ("-f", f"{variant}/lib/libnccl.so.2.21.5")
+        assert asked["grep"][0] == "-E" and asked["grep"][2:] == (f"{variant}/include/nccl.h",)
+        assert asked["ldconfig"] == ("-p",)
+        others = sorted(c.name for c in calls if c.name not in asked)
+        assert others == sorted(["head", "tr", "uname", "ldd", "sed", "sed"])
