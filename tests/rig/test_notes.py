@@ -21,11 +21,12 @@ pytestmark = [pytest.mark.rig]
 
 HOSTS = [HostSpec("n-one", "127.0.0.132"), HostSpec("n-two", "127.0.0.133")]
 ARCH = "precompiled/cpu"
+GPU_ARCH = "precompiled/cu128"
 
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    with start_rig(tmp_path_factory.mktemp("notes"), HOSTS, [ARCH]) as cluster:
+    with start_rig(tmp_path_factory.mktemp("notes"), HOSTS, [ARCH, GPU_ARCH]) as cluster:
         yield cluster
 
 
@@ -79,3 +80,27 @@ def test_a_warning_is_never_kept_back(rig: RigCluster) -> None:
         done = rig.inv("preflight", "--cluster-file", str(path))
         assert "  warning  n-gone: unreachable" in done.stderr, done.stderr
         assert "  ok       n-one" in done.stderr, done.stderr  # beside a problem
+
+
+def test_a_prebuild_says_how_its_builds_run_and_a_healthy_preflight_in_one_line(
+    rig: RigCluster,
+) -> None:
+    """Two builds with the compile cache, cold: the first runs alone to fill it, and the
+    line says so; the next prebuild's preflight is its summary line alone."""
+    workers = [rig.worker("n-one", arch=ARCH), rig.worker("n-two", arch=GPU_ARCH)]
+    path = rig.write(workers, "order.yaml")
+    first = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert (
+        "prebuild: 2 build(s) with native cargo, the first build alone to fill the cache, "
+        "then 1 at a time (run "
+    ) in first.stderr, first.stderr
+    lines = first.stderr.splitlines()
+    started = [i for i, line in enumerate(lines) if re.match(r"^prebuild: \S+ started$", line)]
+    ended = [i for i, line in enumerate(lines) if re.match(r"^prebuild: \S+ ok in ", line)]
+    assert ended[0] < started[1], first.stderr  # really one after the other
+    again = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), timeout=600)
+    assert again.returncode == 0, again.stderr
+    preflight = [line for line in again.stderr.splitlines() if line.startswith(("  ", "preflight"))]
+    assert preflight[-1] == "preflight: 3 ok, 0 with warnings, 0 with errors", again.stderr
+    assert not [line for line in preflight if line.startswith(("  ok", "  note"))], again.stderr
