@@ -171,10 +171,12 @@ def test_a_second_command_reuses_each_environments_target_dir(rig: RigCluster) -
     path = docker_cluster(rig, "two.yaml")
     never = inv(rig, "launch", "--cmd", "ddp-eval", "--cluster-file", str(path))
     assert never.returncode == 1
-    assert never.stderr == (
+    *said, last = never.stderr.splitlines()
+    assert last == (
         f"fdl: 'ddp-eval' has no published envelope ({envelope_path(rig, 'ddp-eval')} does "
-        "not exist): run inv prebuild --cmd ddp-eval first\n"
+        "not exist): run inv prebuild --cmd ddp-eval first"
     )
+    assert all(line.startswith("launch: note: the controller's name") for line in said), said
 
     bench = prebuild(rig, path, "ddp-bench")
     assert compiled(bench.stderr, "fixture-util") == 3, bench.stderr  # once per variant
