@@ -57,7 +57,7 @@ def hidden(path: str, root: str) -> bool:
 _SED_TEMP = re.compile(r"sed[A-Za-z0-9]{6}")
 
 
-def scratch_file(name: str) -> bool:
+def _scratch_file(name: str) -> bool:
     """Editors' temporary, swap, backup and lock files (``sedNk0P9y``, ``.#main.rs``,
     ``#main.rs#``, ``main.rs~``, ``.main.rs.swp``, vim's ``4913``): a save writes and
     removes them, and no build reads them."""
@@ -105,7 +105,7 @@ class Scope:
         if hidden(path, self.root):
             return None
         name = posixpath.basename(path)
-        if scratch_file(name):
+        if _scratch_file(name):
             return None
         if any(under(path, d) for d in self.declared):
             return Kind.DECLARED
@@ -154,7 +154,7 @@ def gone_directory(scope: Scope, path: str) -> Kind | None:
     whole, it sends no event per file): it counts when a source inside it would. An
     editor's temporary file renamed away (``sedNk0P9y``, ``4913``) is no directory."""
     name = posixpath.basename(path.rstrip("/"))
-    if "." in name or scratch_file(name):
+    if "." in name or _scratch_file(name):
         return None
     return Kind.SOURCE if scope.classify(posixpath.join(path, "lib.rs")) else None
 
