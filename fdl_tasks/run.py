@@ -101,7 +101,8 @@ class Run:
     def notes_to_say(self, kind: str, notes: Sequence[str]) -> list[str]:
         """The notes of ``kind`` not said since the cluster files or the notes changed
         (every one with ``-v``), remembered in :data:`~fdl_tasks.layout.NOTES_FILE`. Under
-        ``--dry``, or where that file cannot be read or written, every one is said."""
+        ``--dry``, or where that file cannot be read or written (``controller.path``
+        missing: not made for it), every one is said."""
         if self.dry:
             return list(notes)
         contents = []
@@ -115,8 +116,9 @@ class Run:
             state = parse_state(path.read_text(encoding="utf-8")) if path.exists() else {}
         except OSError:
             return list(notes)
+        kind = f"{kind} {self.cluster.source}"  # several cluster files: each its own
         now, kept = to_say(notes, kind, cluster_digest(contents), state, self.settings.verbose)
-        if kept != state:
+        if kept != state and self.root.is_dir():  # never make a missing controller.path
             with contextlib.suppress(FdlError):  # said again next time: no harm
                 write_atomically(path, state_text(kept))
         return now

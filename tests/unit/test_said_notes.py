@@ -3,7 +3,15 @@ later runs keep it back, ``-v`` says every one."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from invoke.context import Context
+
+from fdl_tasks.layout import NOTES_FILE
+from fdl_tasks.loader import load_cluster
+from fdl_tasks.run import Run
 from fdl_tasks.said_notes import cluster_digest, parse_state, state_text, to_say
+from fdl_tasks.settings import Settings
 
 CLUSTER = cluster_digest([b"workers: [a, b]\n"])
 GPU = "a, b: GPU coverage could not be checked: no nvidia-smi on the host"
@@ -51,3 +59,26 @@ def test_the_state_survives_its_file_and_garbage_is_nothing_said() -> None:
     assert parse_state("{not json") == {}
     assert parse_state("[1, 2]") == {}
     assert parse_state('{"preflight": [1], "controller": ["x"]}') == {"controller": ["x"]}
+
+
+def run_in(root: Path, cluster_file: Path, verbose: bool = False) -> Run:
+    cluster_file.write_text(f"controller: {{path: {root}}}\nworkers: [{{host: a, path: {root}}}]\n")
+    return Run(Context(), load_cluster(cluster_file), "a", Settings(verbose=verbose))
+
+
+def test_a_run_remembers_what_it_said_per_cluster_file(tmp_path: Path) -> None:
+    one, two = tmp_path / "one.yml", tmp_path / "two.yml"
+    assert run_in(tmp_path, one).notes_to_say("preflight", [GPU]) == [GPU]
+    assert (tmp_path / NOTES_FILE).is_file()
+    assert run_in(tmp_path, one).notes_to_say("preflight", [GPU]) == []
+    assert run_in(tmp_path, two).notes_to_say("preflight", [GPU]) == [GPU]  # its own
+    assert run_in(tmp_path, one).notes_to_say("preflight", [GPU]) == []  # not forgotten
+    assert run_in(tmp_path, one, verbose=True).notes_to_say("preflight", [GPU]) == [GPU]
+
+
+def test_a_missing_controller_path_is_never_made_for_the_notes(tmp_path: Path) -> None:
+    root = tmp_path / "not-mounted"
+    run = run_in(root, tmp_path / "c.yml")
+    assert run.notes_to_say("preflight", [GPU]) == [GPU]
+    assert run.notes_to_say("preflight", [GPU]) == [GPU]
+    assert not root.exists()
