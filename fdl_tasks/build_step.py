@@ -16,7 +16,7 @@ import attrs
 from fdl_tasks.backends.protocol import Backend
 from fdl_tasks.backends.registry import backend_for
 from fdl_tasks.build_environment import BuildJob
-from fdl_tasks.builder import Builder, JobResult, concurrency
+from fdl_tasks.builder import Builder, JobResult, concurrency, order_text
 from fdl_tasks.cache import CompileCache, find_cache, open_cache
 from fdl_tasks.console import StatusBoard, format_table
 from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
@@ -141,12 +141,14 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
                 run.report(f"[{job.name}] {builder.build_line(job)}")
             return []
         note, run_id = backend.run_note(), backend.run_id
+        first, dependencies = builder.head_start(jobs)
         run.say(
             f"{len(jobs)} build(s) with {backend.tool}, "
-            f"{at_once} at a time (run {run_id}" + (f": {note})" if note else ")")
+            f"{order_text(len(jobs), at_once, first, dependencies)} (run {run_id}"
+            + (f": {note})" if note else ")")
         )
         try:
-            results = builder.run_all(jobs)
+            results = builder.run_all(jobs, first)
         except KeyboardInterrupt:
             if builder.left_running:
                 for line in builder.left_running:

@@ -80,6 +80,15 @@ def head_start(*, cached: bool, cold: bool, builds: int, dependencies: bool = Fa
     return 1 if cached and (cold or dependencies) and builds > 1 else 0
 
 
+def order_text(builds: int, at_once: int, first: int, dependencies: bool) -> str:
+    """How the builds will run, as the run will run them (``first``: :func:`head_start`)."""
+    if not first:
+        return f"{at_once} at a time"
+    why = " with the changed dependencies" if dependencies else ""
+    then = min(at_once, builds - first)
+    return f"the first build alone to fill the cache{why}, then {then} at a time"
+
+
 def _all_warm(jobs: Sequence[BuildJob], root: Path) -> bool:
     return all((root / job.target_dir / MARKER_FILE).exists() for job in jobs)
 
@@ -114,15 +123,15 @@ class Builder:
     def build_line(self, job: BuildJob) -> str:
         return self.backend.build_line(job)
 
-    def run_all(self, jobs: Sequence[BuildJob]) -> list[JobResult]:
-        """Every job to its end; on an interrupt, stop them all and re-raise.
+    def head_start(self, jobs: Sequence[BuildJob]) -> tuple[int, bool]:
+        """(how many builds run before the others start, whether because the dependencies
+        changed) for :meth:`run_all` and the line that says so.
 
         With the compile cache and no target dir built yet, or the dependencies
         changed since the last builds, the first build runs alone: builds started
         together would find the cache empty and share nothing. Otherwise (an edit
         of the workspace's own code) the head start would only cost time.
         """
-        pool = ThreadPoolExecutor(max_workers=max(1, min(self.jobs, len(jobs))))
         markers = [self.root / job.target_dir / MARKER_FILE for job in jobs]
         cold = not any(marker.exists() for marker in markers)
         cached = self.cache is not None
@@ -133,6 +142,12 @@ class Builder:
             and changed_since({self.root / job.build.crate_dir for job in jobs}, markers)
         )
         first = head_start(cached=cached, cold=cold, builds=len(jobs), dependencies=changed)
+        return first, changed
+
+    def run_all(self, jobs: Sequence[BuildJob], first: int) -> list[JobResult]:
+        """Every job to its end, the ``first`` ones (:meth:`head_start`) alone before the
+        others; on an interrupt, stop them all and re-raise."""
+        pool = ThreadPoolExecutor(max_workers=max(1, min(self.jobs, len(jobs))))
         futures: list[Future[JobResult]] = []
         try:
             with sigterm_as_interrupt():

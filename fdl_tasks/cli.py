@@ -40,7 +40,14 @@ from fdl_tasks.names import check_command
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The only short flags: the same letter means the same option in every task.
-SHORT_FLAGS = {"cmd": "c", "cluster-file": "f", "jobs": "j", "timeout": "t", "watch": "w"}
+SHORT_FLAGS = {
+    "cmd": "c",
+    "cluster-file": "f",
+    "jobs": "j",
+    "timeout": "t",
+    "verbose": "v",
+    "watch": "w",
+}
 
 
 class CheckedArgument(Argument):

@@ -39,7 +39,7 @@ from fdl_tasks.model import Worker
 from fdl_tasks.names import check_crate_dir
 from fdl_tasks.preflight import cross_cpu_archs, dry_run_lines, run_preflight
 from fdl_tasks.probe import Verdict
-from fdl_tasks.probe_report import report_lines
+from fdl_tasks.probe_report import note_lines, report_lines
 from fdl_tasks.readiness import NOTHING_BUILT, crate_missing, root_missing
 from fdl_tasks.record_files import write_sources
 from fdl_tasks.remote import Fleet
@@ -84,9 +84,10 @@ def skip_final_collection() -> None:
 def report_preflight(
     run: Run, verdicts: Sequence[Verdict], as_json: bool, *, building: bool = False
 ) -> None:
-    """One line per host and a summary; an error on any host stops everything (before
-    any build, said when ``building``)."""
-    for line, severity in report_lines(verdicts):
+    """Problems, the notes not said already (:meth:`Run.notes_to_say`) and a summary; an
+    error on any host stops everything (before any build, said when ``building``)."""
+    notes = run.notes_to_say("preflight", note_lines(verdicts))
+    for line, severity in report_lines(verdicts, notes):
         run.report(line, severity)
     if as_json:
         print(json.dumps([v.to_json() for v in verdicts], indent=2))

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 from invoke.context import Context
 
+from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.config_errors import CLUSTER_KEYS, misplaced_cluster_file
 from fdl_tasks.errors import FdlError
 from fdl_tasks.flodl_layers import FLODL_ENV
+from fdl_tasks.layout import NOTES_FILE
 from fdl_tasks.loader import find_cluster_file, load_cluster
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.names import HOST_NAME_ENV, controller_label, remote_workers
 from fdl_tasks.reporting import Report, Severity, report_to_stderr
+from fdl_tasks.said_notes import cluster_digest, parse_state, state_text, to_say
 from fdl_tasks.settings import Settings, resolve_cluster_file
 from fdl_tasks.timeline import Timeline
 
@@ -71,17 +76,52 @@ class Run:
         return cls(c, cluster, controller, settings, task=label, by_hostname=not named)
 
     def note_unlisted_controller(self) -> None:
-        """One line, before any host is contacted: when only the hostname names the
-        controller and no host of the cluster file carries it, every worker is remote,
-        the controller's own entry included. Usual (a controller that runs no ranks), so a
-        note, not a warning; naming the controller in any of the three ways silences it."""
-        if self.by_hostname and all(w.host != self.controller for w in self.cluster.workers):
-            self.say(
+        """One line, before any host is contacted, when no host of the cluster file carries
+        the controller's label, so every worker is remote, the controller's own entry
+        included. Usual (a controller that runs no ranks), so a note, said once
+        (:meth:`notes_to_say`); when the label was named, the name is what to check."""
+        if any(w.host == self.controller for w in self.cluster.workers):
+            return
+        source = self.cluster.source
+        if self.by_hostname:
+            note = (
                 f"note: this machine's hostname {self.controller!r} names no host of "
-                f"{self.cluster.source}, so every worker is remote; if one is this machine, "
-                f"or to silence this, name it with --controller-host, ${HOST_NAME_ENV} or "
-                "fdl.controller_host"
+                f"{source}, so every worker is remote; if one is this machine, name it with "
+                f"--controller-host, ${HOST_NAME_ENV} or fdl.controller_host"
             )
+        else:
+            note = (
+                f"note: the controller's name {self.controller!r} (--controller-host, "
+                f"${HOST_NAME_ENV} or fdl.controller_host) names no host of {source}, so "
+                "every worker is remote; if one is this machine, use its label there"
+            )
+        for line in self.notes_to_say("controller", [note]):
+            self.say(line)
+
+    def notes_to_say(self, kind: str, notes: Sequence[str]) -> list[str]:
+        """The notes of ``kind`` not said since the cluster files or the notes changed
+        (every one with ``-v``), remembered in :data:`~fdl_tasks.layout.NOTES_FILE`. Under
+        ``--dry``, or where that file cannot be read or written (``controller.path``
+        missing: not made for it), every one is said."""
+        if self.dry:
+            return list(notes)
+        contents = []
+        for name in self.cluster.files:
+            try:
+                contents.append(Path(name).read_bytes())
+            except OSError:
+                contents.append(b"")
+        path = self.root / NOTES_FILE
+        try:
+            state = parse_state(path.read_text(encoding="utf-8")) if path.exists() else {}
+        except OSError:
+            return list(notes)
+        kind = f"{kind} {self.cluster.source}"  # several cluster files: each its own
+        now, kept = to_say(notes, kind, cluster_digest(contents), state, self.settings.verbose)
+        if kept != state and self.root.is_dir():  # never make a missing controller.path
+            with contextlib.suppress(FdlError):  # said again next time: no harm
+                write_atomically(path, state_text(kept))
+        return now
 
     def say(self, text: str, severity: Severity = Severity.PROGRESS) -> None:
         """A line of the task itself: the one place its ``<task>:`` prefix is added."""

@@ -67,6 +67,8 @@ class Settings:
     watch_polling: Switch = False
     launch_wait: Seconds = 1800.0
     timings: Switch = False
+    #: Every note, also those said already on an earlier run (``-v``).
+    verbose: Switch = False
 
     @classmethod
     def from_config(cls, fdl: Mapping[str, Any], **options: Any) -> Settings:

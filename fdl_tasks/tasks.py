@@ -40,6 +40,7 @@ HELP = {
     "a Cargo.toml, else the project root)",
     "no-cache": "build without the compile cache (sccache): no compiled crate is shared "
     "between target dirs; each still rebuilds only what changed (cargo's fingerprints)",
+    "verbose": "every note, also those an earlier run said already (default: fdl.verbose)",
     "timings": "write an HTML timeline of the run (with cargo's --timings report of each "
     "build) under target/cluster/_timings/ (default: fdl.timings)",
 }
@@ -50,6 +51,7 @@ HELP = {
         "cluster-file": HELP["cluster-file"],
         "env": HELP["env"],
         "controller-host": HELP["controller-host"],
+        "verbose": HELP["verbose"],
         "json": HELP["json"],
         "no-prebuild": "check data paths and directories only: no ABI gate, no build checks "
         "(no binary will ship)",
@@ -61,11 +63,17 @@ def preflight(
     env: str | None = None,
     controller_host: str | None = None,
     no_prebuild: bool = False,
+    verbose: bool = False,
     json: bool = False,
 ) -> None:
     """Probe every host (ssh, in parallel) for readiness before any build."""
     run = Run.start(
-        c, cluster_file=cluster_file, env=env, controller_host=controller_host, label="preflight"
+        c,
+        cluster_file=cluster_file,
+        env=env,
+        controller_host=controller_host,
+        verbose=verbose or None,
+        label="preflight",
     )
     pipeline.preflight(run, abi=not no_prebuild, as_json=json)
 
@@ -87,6 +95,7 @@ def build_host(
     controller_host: str | None = None,
     no_cache: bool = False,
     timings: bool = False,
+    verbose: bool = False,
     json: bool = False,
 ) -> None:
     """Build one host's binary against its own libtorch, verify it, update its envelope entry."""
@@ -97,6 +106,7 @@ def build_host(
         "cluster_file": cluster_file,
         "env": env,
         "controller_host": controller_host,
+        "verbose": verbose or None,
     }
     run = Run.start(
         c, **options, compile_cache=off(no_cache), timings=timings or None, label="build-host"
@@ -146,6 +156,7 @@ def prebuild(
     no_cache: bool = False,
     timings: bool = False,
     watch: bool = False,
+    verbose: bool = False,
     json: bool = False,
 ) -> None:
     """Preflight, then build CMD once per remote build environment and publish its envelope."""
@@ -154,6 +165,7 @@ def prebuild(
         "cluster_file": cluster_file,
         "env": env,
         "controller_host": controller_host,
+        "verbose": verbose or None,
     }
     if no_prebuild:
         pipeline.preflight(Run.start(c, **options), abi=False)
@@ -195,6 +207,7 @@ def _remainder_args() -> list[str]:
         "cluster-file": HELP["cluster-file"],
         "env": HELP["env"],
         "controller-host": HELP["controller-host"],
+        "verbose": HELP["verbose"],
         "cmd": "the command whose prebuilt binary to run; required",
         "launcher": "fdl: flodl's launcher (fdl @<env> CMD --no-prebuild, one DDP world); "
         "direct: each worker's binary on its own, output prefixed [host] (default: "
@@ -210,10 +223,16 @@ def launch(
     controller_host: str | None = None,
     launcher: str | None = None,
     stale_ok: bool = False,
+    verbose: bool = False,
 ) -> None:
     """Run the prebuilt CMD (arguments after --) through flodl's launcher, or directly."""
     command = require_command(cmd)
-    options: dict[str, Any] = {"cluster_file": cluster_file, "env": env, "launcher": launcher}
+    options: dict[str, Any] = {
+        "cluster_file": cluster_file,
+        "env": env,
+        "launcher": launcher,
+        "verbose": verbose or None,
+    }
     run = Run.start(c, **options, controller_host=controller_host, label="launch")
     launch_on_workers(run, command, _remainder_args(), stale_ok=stale_ok)
 

@@ -6,6 +6,8 @@ workspace, four x86_64 stub libtorch variants and an aarch64 one, and a
 ``cuda-arm64`` cross-build service) and starts five simulated workers, each a
 real sshd on its own loopback address; ``node-gh200`` is an aarch64 host
 whose programs run under qemu-user (:mod:`rig.cross`). ``down`` stops them.
+A re-run keeps the user's edits to the demo's crate (and says which), so that
+``scripts/demo --keep`` twice loses no work.
 
 ``--state DIR --first-address ADDR`` brings the same rig up with its sshd
 state elsewhere and its hosts at other addresses (the README's quick-start
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from rig.cross import add_aarch64_variant, ensure
 from rig.harness import bring_up
-from rig.project import write_compose_file
+from rig.project import FIXTURE_DIR, write_compose_file
 from rig.sshrig import HostSpec, Rig
 
 DEMO = Path("/var/tmp/fdl-demo")
@@ -53,11 +55,36 @@ def hosts_from(first: str | None) -> tuple[HostSpec, ...]:
     return tuple(dataclasses.replace(spec, address=str(base + n)) for n, spec in enumerate(HOSTS))
 
 
+def user_edits(project: Path, fixture: Path = FIXTURE_DIR) -> dict[Path, bytes]:
+    """The files of the demo's crate that differ from the fixture the demo laid out: a
+    user's edits, which laying the fixture out again would overwrite."""
+    edits = {}
+    for source in sorted(fixture.rglob("*")):
+        target = project / source.relative_to(fixture)
+        if source.is_file() and target.is_file() and target.read_bytes() != source.read_bytes():
+            edits[target] = target.read_bytes()
+    return edits
+
+
+def keep_edits(edits: dict[Path, bytes], project: Path) -> None:
+    """Write ``edits`` back over the fixture's files, and say so."""
+    for path, content in edits.items():
+        path.write_bytes(content)
+    if edits:
+        names = ", ".join(str(path.relative_to(project)) for path in edits)
+        print(
+            f"demo: kept your edits to {names} in {project} (delete a file to get the "
+            "demo's own back)"
+        )
+
+
 def up(rig: Rig = RIG, hosts: Sequence[HostSpec] = HOSTS) -> None:
     aarch64 = any(spec.emulate == "aarch64" for spec in hosts)
     if aarch64:
         ensure()  # qemu binfmt for node-gh200, the cross image for its stub and builds
+    edits = user_edits(PROJECT)
     bring_up(rig, hosts, PROJECT, VARIANTS, known_hosts=DEMO / "known_hosts")
+    keep_edits(edits, PROJECT)
     if rig.client_key != RIG.client_key:  # the key where the cluster files say it is
         RIG.client_key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         shutil.copyfile(rig.client_key, RIG.client_key)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import posixpath
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,13 +53,21 @@ def hidden(path: str, root: str) -> bool:
     return any(ignored_dir(part) for part in posixpath.relpath(path, root).split("/")[:-1])
 
 
+#: ``sed -i``'s temporary file (``sedNk0P9y``): written beside the file, renamed over it.
+_SED_TEMP = re.compile(r"sed[A-Za-z0-9]{6}")
+
+
 def _scratch_file(name: str) -> bool:
-    """Editor swap, backup and lock files (``.#main.rs``, ``main.rs~``, ``4913``, …)."""
+    """Editors' temporary, swap, backup and lock files (``sedNk0P9y``, ``.#main.rs``,
+    ``#main.rs#``, ``main.rs~``, ``.main.rs.swp``, vim's ``4913``): a save writes and
+    removes them, and no build reads them."""
     return (
         name.startswith(".")
         or name.endswith(("~", ".swp", ".swo", ".swx", ".tmp", ".log"))
+        or (name.startswith("#") and name.endswith("#"))
         or "___jb_" in name
         or name == "4913"
+        or _SED_TEMP.fullmatch(name) is not None
     )
 
 
@@ -142,8 +151,10 @@ class Scope:
 
 def gone_directory(scope: Scope, path: str) -> Kind | None:
     """A removed path without a suffix may have been a directory of sources (moved away
-    whole, it sends no event per file): it counts when a source inside it would."""
-    if "." in posixpath.basename(path.rstrip("/")):
+    whole, it sends no event per file): it counts when a source inside it would. An
+    editor's temporary file renamed away (``sedNk0P9y``, ``4913``) is no directory."""
+    name = posixpath.basename(path.rstrip("/"))
+    if "." in name or _scratch_file(name):
         return None
     return Kind.SOURCE if scope.classify(posixpath.join(path, "lib.rs")) else None
 

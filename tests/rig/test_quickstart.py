@@ -150,8 +150,7 @@ def test_the_quick_start_as_printed(
     assert f"launch: ddp-bench finished on {len(hosts)} host(s)" in launched
     assert "Traceback" not in "".join(r.stderr for r in done.values())
     preflight = done["preflight"].stderr
-    for host in hosts:
-        assert re.search(rf"^  ok +{re.escape(host)}$", preflight, re.M), preflight
-    assert re.search(r"^  ok +\S+ \(controller, local\)$", preflight, re.M), preflight
+    # every host ok: the summary alone says so (a line per host only beside a problem)
+    assert not re.search(r"^  (ok|warning|error) ", preflight, re.M), preflight
     summary = f"preflight: {len(hosts) + 1} ok, 0 with warnings, 0 with errors"  # + the controller
     assert summary in preflight, preflight

@@ -126,5 +126,5 @@ def test_build_host_probes_the_unpinned_aarch64_host(rig: RigCluster) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "preflight: probing 1 remote host(s)" in done.stderr
-    assert "\n  ok       wa-arm\n" in done.stderr
+    assert "\npreflight: 2 ok, 0 with warnings, 0 with errors\n" in done.stderr
     assert published(rig) == {"wa-x86": ("x86_64", "0"), "wa-arm": ("aarch64", "7")}

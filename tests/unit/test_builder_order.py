@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from fdl_tasks.build_environment import BuildJob
-from fdl_tasks.builder import concurrency, head_start
+from fdl_tasks.builder import concurrency, head_start, order_text
 from fdl_tasks.layout import MARKER_FILE
 from fdl_tasks.manifests import changed_since
 
@@ -39,6 +39,30 @@ def test_changed_dependencies_get_a_head_start_with_the_cache(
 ) -> None:
     found = head_start(cached=cached, cold=False, builds=builds, dependencies=True)
     assert found == expected
+
+
+@pytest.mark.parametrize(
+    ("builds", "at_once", "first", "dependencies", "said"),
+    [
+        (3, 2, 0, False, "2 at a time"),
+        (3, 4, 1, False, "the first build alone to fill the cache, then 2 at a time"),
+        (2, 2, 1, False, "the first build alone to fill the cache, then 1 at a time"),
+        (
+            5,
+            2,
+            1,
+            True,
+            "the first build alone to fill the cache with the changed dependencies, "
+            "then 2 at a time",
+        ),
+    ],
+)
+def test_the_order_line_says_what_the_builder_does(
+    builds: int, at_once: int, first: int, dependencies: bool, said: str
+) -> None:
+    """``2 build(s) with native cargo, 2 at a time`` while a cold cache ran them one after
+    the other was a line saying one thing while the program did another (issue 39)."""
+    assert order_text(builds, at_once, first, dependencies) == said
 
 
 def workspace(root: Path) -> tuple[Path, Path]:

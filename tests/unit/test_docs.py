@@ -50,7 +50,7 @@ CORE: dict[str, Argument] = {
 #: Options of other programs the docs mention in inline code (cargo, rustc, docker, pytest,
 #: the benchmarks, scripts/demo, dpkg, twine, ruff), each never taken for one of ours.
 OTHER_TOOLS = {
-    "--add-architecture", "--bin", "--bridge", "--check", "--crate-type", "--crates",
+    "--add-architecture", "--bin", "--bridge", "--check", "--crate-type", "--crates", "--down",
     "--env-file", "--epochs", "--features", "--filter", "--hosts", "--keep", "--mount", "--net",
     "--network", "--only", "--print", "--privileged", "--quick", "--release", "--reps", "--rm",
     "--strict", "--target", "--target-dir", "--user", "--volumes-from", "--window",

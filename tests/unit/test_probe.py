@@ -16,7 +16,7 @@ from fdl_tasks.probe import (
     parse_facts,
     unreachable,
 )
-from fdl_tasks.probe_report import report_lines
+from fdl_tasks.probe_report import note_lines, report_lines
 from fdl_tasks.reporting import Severity
 
 BUILD = BuildEnvironment("x86_64", (2, 36))
@@ -147,8 +147,6 @@ def test_a_missing_default_data_path_is_one_note_for_every_host() -> None:
     )
     lines = [line for line, _ in report_lines(verdicts)]
     assert lines == [
-        "  ok       a",
-        "  ok       b",
         "  note     no data_path declared, and the default /flodl/data is missing on a, b: fine "
         "without shared storage (declare data_path: on those hosts to silence this; a declared "
         "one must exist)",
@@ -166,10 +164,18 @@ def test_a_note_true_of_several_hosts_is_one_line_naming_them() -> None:
     verdicts[2] = attrs.evolve(verdicts[2], notes=("arch: auto chose precompiled/cpu",))
     lines = [line for line, _ in report_lines(verdicts)]
     assert lines == [
-        "  ok       a",
-        "  ok       b",
-        "  ok       c",
         f"  note     a, b: {gpu}",
         "  note     c: arch: auto chose precompiled/cpu",
         "preflight: 3 ok, 0 with warnings, 0 with errors",
     ]
+
+
+def test_a_healthy_preflight_is_its_summary_alone() -> None:
+    """Every host ok: no line per host; the notes given (those not said already) only."""
+    facts = ProbeFacts("ok", "x86_64", "ldd (GNU libc) 2.36", True)
+    gpu = "GPU coverage could not be checked: no nvidia-smi on the host"
+    verdicts = [attrs.evolve(judge(h, ABI, facts, BUILD), notes=(gpu,)) for h in ("a", "b")]
+    assert [line for line, _ in report_lines(verdicts, notes=[])] == [
+        "preflight: 2 ok, 0 with warnings, 0 with errors"
+    ]
+    assert note_lines(verdicts) == [f"a, b: {gpu}"]

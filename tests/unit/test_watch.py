@@ -76,6 +76,9 @@ def scope(**fields: object) -> Scope:
         (f"{ROOT}/ddp-bench/src/main.rs~", None),
         (f"{ROOT}/ddp-bench/src/.main.rs.swp", None),
         (f"{ROOT}/ddp-bench/src/4913", None),
+        (f"{ROOT}/ddp-bench/src/sedNk0P9y", None),
+        (f"{ROOT}/ddp-bench/src/#main.rs#", None),
+        (f"{ROOT}/ddp-bench/src/.main.rs.swx", None),
         (f"{ROOT}/README.md", None),
         (f"{ROOT}/runs/train.log", None),
         ("/etc/hosts.rs", None),  # outside the workspace: only what is declared
@@ -139,6 +142,10 @@ def test_gone_directory() -> None:
     assert gone_directory(s, f"{ROOT}/ddp-bench/src/notes.txt") is None
     assert gone_directory(s, f"{ROOT}/target/cluster/x") is None
     assert gone_directory(s, f"{ROOT}/.git/refs") is None
+    # a save's temporary file, renamed over the real one: gone, but never a directory
+    assert gone_directory(s, f"{ROOT}/ddp-bench/src/sedNk0P9y") is None
+    assert gone_directory(s, f"{ROOT}/ddp-bench/src/4913") is None
+    assert gone_directory(s, f"{ROOT}/ddp-bench/src/#main.rs#") is None
 
 
 def test_scope_survives_json() -> None:
