@@ -10,7 +10,6 @@ Pure logic. The tree, relative to the project root::
       _watch/                              ``prebuild --watch`` state
       _timings/<command>-<stamp>.html      ``--timings`` pages, the last few per command
       _prebuild.lock                       one prebuild (or clean) per project at a time
-      _notes.json                          the notes said already (said once, ``-v`` for all)
 
 A shared target dir is keyed by what changes the compiled output of every
 binary and that cargo's fingerprint cannot see (:class:`BuildKey`), never by
@@ -46,13 +45,11 @@ TIMINGS_DIR = f"{CLUSTER_TARGET}/_timings"
 CARGO_TIMINGS_DIR = "cargo-timings"
 #: Held while a prebuild (or a clean) works on the tree.
 LOCK_FILE = f"{CLUSTER_TARGET}/_prebuild.lock"
-#: Which notes were said already (:mod:`fdl_tasks.said_notes`).
-NOTES_FILE = f"{CLUSTER_TARGET}/_notes.json"
 #: In each target dir: the identity of the build environment it holds.
 MARKER_FILE = ".fdl-build.json"
 #: Entries of ``target/cluster/`` that are the tool's own, not target dirs.
 OWN_ENTRIES = frozenset(
-    p.rsplit("/", 1)[1] for p in (ENVELOPES_DIR, WATCH_DIR, TIMINGS_DIR, LOCK_FILE, NOTES_FILE)
+    p.rsplit("/", 1)[1] for p in (ENVELOPES_DIR, WATCH_DIR, TIMINGS_DIR, LOCK_FILE)
 )
 
 

@@ -16,12 +16,11 @@ from fdl_tasks.atomic_files import write_atomically
 from fdl_tasks.config_errors import CLUSTER_KEYS, misplaced_cluster_file
 from fdl_tasks.errors import FdlError
 from fdl_tasks.flodl_layers import FLODL_ENV
-from fdl_tasks.layout import NOTES_FILE
 from fdl_tasks.loader import find_cluster_file, load_cluster
 from fdl_tasks.model import Cluster, Worker
 from fdl_tasks.names import HOST_NAME_ENV, controller_label, remote_workers
 from fdl_tasks.reporting import Report, Severity, report_to_stderr
-from fdl_tasks.said_notes import cluster_digest, parse_state, state_text, to_say
+from fdl_tasks.said_notes import cluster_digest, notes_file, parse_state, state_text, to_say
 from fdl_tasks.settings import Settings, resolve_cluster_file
 from fdl_tasks.timeline import Timeline
 
@@ -100,9 +99,9 @@ class Run:
 
     def notes_to_say(self, kind: str, notes: Sequence[str]) -> list[str]:
         """The notes of ``kind`` not said since the cluster files or the notes changed
-        (every one with ``-v``), remembered in :data:`~fdl_tasks.layout.NOTES_FILE`. Under
-        ``--dry``, or where that file cannot be read or written (``controller.path``
-        missing: not made for it), every one is said."""
+        (every one with ``-v``), remembered in the user's cache
+        (:func:`~fdl_tasks.said_notes.notes_file`). Under ``--dry``, or where that file
+        cannot be read or written, every one is said."""
         if self.dry:
             return list(notes)
         contents = []
@@ -111,14 +110,15 @@ class Run:
                 contents.append(Path(name).read_bytes())
             except OSError:
                 contents.append(b"")
-        path = self.root / NOTES_FILE
+        cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        path = notes_file(str(self.root), cache_home)
         try:
             state = parse_state(path.read_text(encoding="utf-8")) if path.exists() else {}
         except OSError:
             return list(notes)
         kind = f"{kind} {self.cluster.source}"  # several cluster files: each its own
         now, kept = to_say(notes, kind, cluster_digest(contents), state, self.settings.verbose)
-        if kept != state and self.root.is_dir():  # never make a missing controller.path
+        if kept != state:
             with contextlib.suppress(FdlError):  # said again next time: no harm
                 write_atomically(path, state_text(kept))
         return now

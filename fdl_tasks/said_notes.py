@@ -3,17 +3,27 @@ host, the default data path is missing, no ``nvidia-smi``) is said on the first 
 after the cluster file or the note itself changed, then kept back until ``-v``
 (``fdl.verbose``) asks for it. Errors and warnings never pass through here.
 
-Pure: the state is text the caller reads from and writes to
-:data:`~fdl_tasks.layout.NOTES_FILE`; a note is known by a digest of the cluster
-files' contents and its own text, so a changed cluster file or a changed fact of a
-host (which changes the note's words, or which hosts it names) says it again.
+Pure: the state is text the caller reads from and writes to :func:`notes_file`, in the
+user's cache, not the project (a preflight that refuses leaves nothing in the tree); a
+note is known by a digest of the cluster files' contents and its own text, so a
+changed cluster file or a changed fact of a host (which changes the note's words, or
+which hosts it names) says it again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+
+def notes_file(root: str, cache_home: str) -> Path:
+    """Where the notes said for the project at ``root`` are kept: under ``cache_home``
+    (``$XDG_CACHE_HOME``, else ``~/.cache``), one file per project root."""
+    key = hashlib.sha256(posixpath.normpath(root).encode()).hexdigest()[:24]
+    return Path(cache_home) / "fdl-tasks" / "notes" / f"{key}.json"
 
 
 def cluster_digest(contents: Iterable[bytes]) -> str:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from invoke.context import Context
 
-from fdl_tasks.layout import NOTES_FILE
 from fdl_tasks.loader import load_cluster
 from fdl_tasks.run import Run
-from fdl_tasks.said_notes import cluster_digest, parse_state, state_text, to_say
+from fdl_tasks.said_notes import cluster_digest, notes_file, parse_state, state_text, to_say
 from fdl_tasks.settings import Settings
 
 CLUSTER = cluster_digest([b"workers: [a, b]\n"])
@@ -66,19 +66,26 @@ def run_in(root: Path, cluster_file: Path, verbose: bool = False) -> Run:
     return Run(Context(), load_cluster(cluster_file), "a", Settings(verbose=verbose))
 
 
-def test_a_run_remembers_what_it_said_per_cluster_file(tmp_path: Path) -> None:
+def test_a_run_remembers_what_it_said_per_cluster_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     one, two = tmp_path / "one.yml", tmp_path / "two.yml"
     assert run_in(tmp_path, one).notes_to_say("preflight", [GPU]) == [GPU]
-    assert (tmp_path / NOTES_FILE).is_file()
+    assert notes_file(str(tmp_path), str(tmp_path / "cache")).is_file()
+    assert not (tmp_path / "target").exists()  # nothing in the project
     assert run_in(tmp_path, one).notes_to_say("preflight", [GPU]) == []
     assert run_in(tmp_path, two).notes_to_say("preflight", [GPU]) == [GPU]  # its own
     assert run_in(tmp_path, one).notes_to_say("preflight", [GPU]) == []  # not forgotten
     assert run_in(tmp_path, one, verbose=True).notes_to_say("preflight", [GPU]) == [GPU]
 
 
-def test_a_missing_controller_path_is_never_made_for_the_notes(tmp_path: Path) -> None:
+def test_a_missing_controller_path_is_never_made_for_the_notes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = tmp_path / "not-mounted"
     run = run_in(root, tmp_path / "c.yml")
     assert run.notes_to_say("preflight", [GPU]) == [GPU]
-    assert run.notes_to_say("preflight", [GPU]) == [GPU]
+    assert run.notes_to_say("preflight", [GPU]) == []
     assert not root.exists()
