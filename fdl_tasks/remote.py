@@ -138,11 +138,15 @@ class Fleet:
         while isinstance(hop, fabric.Connection):  # the target and each ProxyJump hop
             budget = self._budget(worker.host, hop)
             hop.connect_timeout = budget
+            # A jump host's channel is the TCP connect to the next hop: the connect budget.
+            # The target's own channels open on a login already made: a slow one is a busy
+            # host (256 launches at once on one rig), not a dead one, so the probe's budget.
+            channel = max(budget, self.settings.probe_timeout) if not hops else budget
             hop.connect_kwargs = {
                 **hop.connect_kwargs,
                 "banner_timeout": budget,
                 "auth_timeout": budget,
-                "channel_timeout": budget,
+                "channel_timeout": channel,
             }
             options = host_key_options(
                 worker.host,
