@@ -20,8 +20,6 @@ from fdl_tasks.values import LAUNCHER_OWNED, LAUNCHER_OWNED_PREFIX, kind_of, quo
 
 #: Where this tool's own keys live on a flodl project: flodl never reads it.
 EXTRAS_FILE = "fdl-tasks.yml"
-#: flodl's rendezvous port when ``controller.port`` is not given.
-DEFAULT_PORT = 1337
 #: ``controller.join.start``'s values.
 JOIN_STARTS = ("auto", "manual", "hybrid")
 
