@@ -32,8 +32,8 @@ from typing import Any
 
 from bench import flodl_crate
 from bench.run import STATE, Bench, BenchError, Comparison, log, median, table
-from fdl_tasks.atomic_files import write_atomically
-from fdl_tasks.interrupts import sigterm_as_interrupt
+from fdl_tasks.core.atomic_files import write_atomically
+from fdl_tasks.core.interrupts import sigterm_as_interrupt
 from rig.harness import builder_settings, rig_worker, write_cluster
 
 VARIANTS = {"precompiled/cu128": 2071, "precompiled/cu126": 2082, "precompiled/cu118": 2063}

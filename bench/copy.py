@@ -3,7 +3,7 @@
 Brings up :class:`rig.fleetrig.FleetRig` (one real sshd per 16 loopback addresses,
 127.0.5.x) and sends one random file of ``--mb`` MB (a libtorch-linked binary's
 size) to a private directory per host, three ways, side by side in one run:
-:func:`fdl_tasks.copying.deliver` over one :class:`~fdl_tasks.remote.Fleet`
+:func:`fdl_tasks.publish.delivery_io.deliver` over one :class:`~fdl_tasks.ssh.remote.Fleet`
 (connections opened first, as prebuild holds them), one ``scp`` per host in
 sequence, and ``N`` ``rsync -e ssh`` at once. A second ``deliver`` shows what
 "only what is missing" costs: one query round trip, 0 bytes.
@@ -22,12 +22,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fdl_tasks.copy_plan import Target
-from fdl_tasks.copying import deliver
-from fdl_tasks.model import SshSettings, Worker
-from fdl_tasks.remote import Fleet
-from fdl_tasks.reporting import collect
-from fdl_tasks.settings import Settings
+from fdl_tasks.config.model import SshSettings, Worker
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.reporting import collect
+from fdl_tasks.publish.delivery import Target
+from fdl_tasks.publish.delivery_io import deliver
+from fdl_tasks.ssh.remote import Fleet
 from rig.fleetrig import FleetRig
 
 STATE = Path("/tmp/fdl-bench-copy")

@@ -34,8 +34,8 @@ from typing import Any
 from bench import flodl_crate
 from bench.cache import CACHE, VARIANTS, CacheBench
 from bench.run import STATE, BenchError, Comparison, log, machine_facts, median, table
-from fdl_tasks.atomic_files import write_atomically
-from fdl_tasks.interrupts import sigterm_as_interrupt
+from fdl_tasks.core.atomic_files import write_atomically
+from fdl_tasks.core.interrupts import sigterm_as_interrupt
 from rig.dist import DistRig, ServerSpec
 from rig.harness import builder_settings, rig_worker, write_cluster
 

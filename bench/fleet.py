@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fdl_tasks.console import format_table
-from fdl_tasks.probe import END, ProbeRequest
+from fdl_tasks.core.console import format_table
+from fdl_tasks.preflight.probe import END, ProbeRequest
 from rig.fleetrig import FleetRig
 from rig.harness import inv_argv, rig_env, write_cluster, write_tasks_file
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from bench import flodl_crate
 from bench.bare import bare, bare_command
 from bench.loop import Row, Timed, inv, log, table, when_and_where
-from fdl_tasks.atomic_files import write_atomically
+from fdl_tasks.core.atomic_files import write_atomically
 from rig.harness import RigCluster, builder_settings, start_rig, write_cluster
 from rig.sshrig import HostSpec
 

@@ -64,9 +64,9 @@ from bench import flodl_crate
 from bench.bare import bare, bare_command, bare_commands, bare_together
 from bench.depchange import dependency_changes
 from bench.run import BenchError
-from fdl_tasks.atomic_files import write_atomically
-from fdl_tasks.envelope import decode
-from fdl_tasks.layout import MARKER_FILE, envelope_file
+from fdl_tasks.config.layout import MARKER_FILE, envelope_file
+from fdl_tasks.core.atomic_files import write_atomically
+from fdl_tasks.publish.envelope import decode
 from rig.harness import RigCluster, Running, builder_settings, inv_argv, start_rig, write_cluster
 from rig.sshrig import HostSpec
 

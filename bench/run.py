@@ -72,10 +72,10 @@ from typing import Any
 import psutil
 
 from bench import crate_gen
-from fdl_tasks.atomic_files import write_atomically
-from fdl_tasks.console import format_table
-from fdl_tasks.interrupts import sigterm_as_interrupt
-from fdl_tasks.probe import END, ProbeRequest
+from fdl_tasks.core.atomic_files import write_atomically
+from fdl_tasks.core.console import format_table
+from fdl_tasks.core.interrupts import sigterm_as_interrupt
+from fdl_tasks.preflight.probe import END, ProbeRequest
 from rig.harness import (
     Running,
     bring_up,

@@ -46,8 +46,8 @@ from typing import Any
 from bench import crate_gen, flodl_crate
 from bench.bare import bare, bare_command
 from bench.run import BenchError
-from fdl_tasks.envelope import decode
-from fdl_tasks.layout import envelope_file
+from fdl_tasks.config.layout import envelope_file
+from fdl_tasks.publish.envelope import decode
 from rig.harness import RigCluster, Running, builder_settings, inv_argv, start_rig, write_cluster
 from rig.project import make_project
 from rig.sshrig import HostSpec

@@ -2,8 +2,8 @@
 
 ``prebuild`` and ``preflight`` are what the Invoke tasks of the same names
 run, minus the command line: options as keyword arguments (any ``fdl``
-setting, as :class:`~fdl_tasks.settings.Settings` names it), an
-:class:`~fdl_tasks.errors.FdlError` when something is wrong (the tasks turn it
+setting, as :class:`~fdl_tasks.config.settings.Settings` names it), an
+:class:`~fdl_tasks.core.errors.FdlError` when something is wrong (the tasks turn it
 into a message and exit 1; 4 for ``LoginRefused``, 5 for ``NothingVerified``), and
 a value back.
 """
@@ -14,14 +14,14 @@ from typing import Any
 
 from invoke.context import Context
 
-import fdl_tasks.pipeline as pipeline
-from fdl_tasks.binaries import check_binary
-from fdl_tasks.envelope import hand_over
-from fdl_tasks.names import check_command
-from fdl_tasks.pipeline import Published
-from fdl_tasks.probe import Verdict
-from fdl_tasks.run import Run
-from fdl_tasks.timings import recorded
+import fdl_tasks.publish.pipeline as pipeline
+from fdl_tasks.cargo.binaries import check_binary
+from fdl_tasks.config.names import check_command
+from fdl_tasks.config.run import Run
+from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.publish.envelope import hand_over
+from fdl_tasks.publish.pipeline import Published
+from fdl_tasks.timings.recording import recorded
 
 __all__ = ["Published", "Verdict", "prebuild", "preflight"]
 
@@ -64,5 +64,5 @@ def prebuild(
 
 def preflight(c: Context, *, abi: bool = True, **settings: Any) -> list[Verdict]:
     """Probe every host; each host's verdict (an error on any host raises
-    :class:`~fdl_tasks.errors.FdlError` after every host was reported)."""
+    :class:`~fdl_tasks.core.errors.FdlError` after every host was reported)."""
     return pipeline.preflight(Run.start(c, label="preflight", **settings), abi=abi)

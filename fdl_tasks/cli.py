@@ -25,8 +25,9 @@ from invoke.parser.argument import Argument
 from invoke.tasks import Task, task
 from invoke.vendor import yaml as invoke_yaml
 
-from fdl_tasks.config_errors import merge_problem, not_a_mapping, value_at, yaml_problem
-from fdl_tasks.errors import (
+from fdl_tasks.config.config_errors import merge_problem, not_a_mapping, value_at, yaml_problem
+from fdl_tasks.config.names import check_command
+from fdl_tasks.core.errors import (
     FdlError,
     LeftRunning,
     LoginRefused,
@@ -35,7 +36,6 @@ from fdl_tasks.errors import (
     Stopped,
     StoppedLeftRunning,
 )
-from fdl_tasks.names import check_command
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -19,17 +19,23 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from fdl_tasks.console import PrefixedLines
-from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, read_published
-from fdl_tasks.errors import FdlError, ProgramExited, Stopped
-from fdl_tasks.interrupts import forwarding_signals, sigterm_as_interrupt
-from fdl_tasks.launch_mode import DIRECT_NOTE, FDL, fdl_argv, launch_mode
-from fdl_tasks.model import Cluster, FlodlOrigin, Worker
-from fdl_tasks.names import check_command, join_path
-from fdl_tasks.outcomes import Failure
-from fdl_tasks.record_files import stale_binary
-from fdl_tasks.remote import Fleet
-from fdl_tasks.run import Run
+from fdl_tasks.config.launch_mode import (
+    DIRECT_NOTE,
+    ENV_PREBUILD_PER_HOST,
+    FDL,
+    fdl_argv,
+    launch_mode,
+)
+from fdl_tasks.config.model import Cluster, FlodlOrigin, Worker
+from fdl_tasks.config.names import check_command, join_path
+from fdl_tasks.config.run import Run
+from fdl_tasks.core.console import PrefixedLines
+from fdl_tasks.core.errors import FdlError, ProgramExited, Stopped
+from fdl_tasks.core.interrupts import forwarding_signals, sigterm_as_interrupt
+from fdl_tasks.publish.envelope import PerHostEnvelope, read_published
+from fdl_tasks.publish.freshness import stale_binary
+from fdl_tasks.ssh.outcomes import Failure
+from fdl_tasks.ssh.remote import Fleet
 from fdl_tasks.watch.launchwait import wait_for_watch
 
 

@@ -13,17 +13,17 @@ from typing import Any
 from invoke.collection import Collection
 from invoke.context import Context
 
-import fdl_tasks.pipeline as pipeline
+import fdl_tasks.publish.pipeline as pipeline
 from fdl_tasks.api import crate_of, publish_in_process, start_build
-from fdl_tasks.clean import clean_target_tree, stale_warning
+from fdl_tasks.build.clean import clean_target_tree, stale_warning
 from fdl_tasks.cli import exit_on_config_errors, fdl_task, off, require_command
-from fdl_tasks.envelope import encode, hand_over
-from fdl_tasks.errors import FdlError
+from fdl_tasks.config.run import Run
+from fdl_tasks.config.settings import namespace_defaults
+from fdl_tasks.core.errors import FdlError
 from fdl_tasks.launch import launch as launch_on_workers
-from fdl_tasks.run import Run
-from fdl_tasks.settings import namespace_defaults
-from fdl_tasks.timings import recorded
-from fdl_tasks.variant_push import push_libtorch as push_libtorch_to
+from fdl_tasks.publish.envelope import encode, hand_over
+from fdl_tasks.publish.libtorch_push_io import push_libtorch as push_libtorch_to
+from fdl_tasks.timings.recording import recorded
 
 #: What another project may import from here: the tasks and their collection.
 __all__ = ["build_host", "clean", "launch", "ns", "prebuild", "preflight", "push_libtorch"]

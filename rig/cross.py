@@ -452,10 +452,10 @@ def ensure() -> str:
 
 def _cross_build(root: Path, arch: str, image: str) -> Path:
     """The aarch64 build of ``ddp-bench`` exactly as prebuild renders it (docker run mode)."""
-    from fdl_tasks.backends.docker_run import docker_line
-    from fdl_tasks.backends.registry import backend_for
-    from fdl_tasks.build_plan import plan_builds
-    from fdl_tasks.model import Cluster, Controller, CrossSetup, DockerSettings, Worker
+    from fdl_tasks.build.backends.docker_run import docker_line
+    from fdl_tasks.build.backends.registry import backend_for
+    from fdl_tasks.build.build_plan import plan_builds
+    from fdl_tasks.config.model import Cluster, Controller, CrossSetup, DockerSettings, Worker
 
     docker = DockerSettings(image=image)
     controller = Controller(path=str(root), docker=docker, cross={"aarch64": CrossSetup()})

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import attrs
 
-from fdl_tasks.cache import find_sccache
-from fdl_tasks.dist import parse_scheduler_status, scheduler_endpoint
+from fdl_tasks.cache.compile_cache import find_sccache
+from fdl_tasks.cache.dist import parse_scheduler_status, scheduler_endpoint
 
 #: Where the rig listens (see above: the address heartbeats come from).
 DEFAULT_ADDRESS = "127.0.0.1"

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fdl_tasks.atomic_files import log_tail
+from fdl_tasks.core.atomic_files import log_tail
 
 __all__ = [
     "BUILDER_IMAGE",

@@ -32,8 +32,8 @@ from typing import IO, Any, ClassVar
 
 import yaml
 
-from fdl_tasks.docker_tools import remove_containers
-from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.build.docker_tools import remove_containers
+from fdl_tasks.publish.envelope import PerHostEnvelope
 from rig.docker_builder import (
     BUILDER_IMAGE,
     RIG_TAGS,

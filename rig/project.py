@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
-from fdl_tasks.binary_check import file_machine
+from fdl_tasks.core.binary_files import file_machine
 
 __all__ = [
     "CROSS_SERVICE",

@@ -93,7 +93,7 @@ from typing import Any, Literal, get_args
 
 import psutil
 
-from fdl_tasks.atomic_files import log_tail, write_atomically
+from fdl_tasks.core.atomic_files import log_tail, write_atomically
 
 __all__ = [
     "DEFAULT_PORT",

@@ -25,10 +25,10 @@ a cycle whenever a file the build depends on changes:
   compared again after the cycle and after every new watcher is in place;
   what differs joins the pending batch.
 
-Each cycle (:mod:`.session`) is :func:`fdl_tasks.pipeline.prebuild`, so every
+Each cycle (:mod:`.session`) is :func:`fdl_tasks.publish.pipeline.prebuild`, so every
 guarantee holds: a failed cycle has withdrawn the envelope and prints every
 host's diagnostics together, and watching goes on; Ctrl-C or SIGTERM
-(:class:`~fdl_tasks.errors.Stopped`) ends the watcher with the last good
+(:class:`~fdl_tasks.core.errors.Stopped`) ends the watcher with the last good
 envelope or none, and no build container.
 
 ``inv launch`` asks :func:`.launchwait.wait_for_watch` first: while a

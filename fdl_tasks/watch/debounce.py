@@ -10,8 +10,8 @@ from collections.abc import Mapping
 
 import attrs
 
+from fdl_tasks.tree.scope import Kind
 from fdl_tasks.watch.polling import POLL_MS
-from fdl_tasks.watch.scope import Kind
 
 #: A burst of changes never delays a cycle longer than this many debounce periods.
 LONGEST_FACTOR = 10

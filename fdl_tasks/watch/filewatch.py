@@ -1,4 +1,4 @@
-"""The file watcher over a :class:`~fdl_tasks.watch.roots.WatchPlan`, and how it watches.
+"""The file watcher over a :class:`~fdl_tasks.tree.roots.WatchPlan`, and how it watches.
 
 Thin: threads that hand every batch of raw file events on, the file system
 questions that sort them (is a new path a directory, what moved in with it),
@@ -21,11 +21,11 @@ from pathlib import Path
 import watchfiles
 from watchfiles._rust_notify import RustNotify
 
+from fdl_tasks.tree.roots import WatchPlan
+from fdl_tasks.tree.scope import Kind, Scope, gone_directory
+from fdl_tasks.tree.snapshot import Snapshot, diff, settled
+from fdl_tasks.tree.workspace import walk_files
 from fdl_tasks.watch.polling import POLL_MS, mount_fstype, polling_choice
-from fdl_tasks.watch.roots import WatchPlan
-from fdl_tasks.watch.scope import Kind, Scope, gone_directory
-from fdl_tasks.watch.snapshot import Snapshot, diff, settled
-from fdl_tasks.watch.workspace import walk_files
 
 Changes = set[tuple[watchfiles.Change, str]]
 #: A look at the plan's tree: the last look in (``None``: the first), the new one out.

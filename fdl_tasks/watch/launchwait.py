@@ -18,14 +18,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fdl_tasks.errors import FdlError
-from fdl_tasks.reporting import Report, Severity
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.reporting import Report, Severity
+from fdl_tasks.tree.scan import digest, entry_of
+from fdl_tasks.tree.scope import Scope
+from fdl_tasks.tree.snapshot import Entry, unseen
+from fdl_tasks.tree.workspace import scope_files
 from fdl_tasks.watch.lines import busy_reason, shown
-from fdl_tasks.watch.scan import digest, entry_of
-from fdl_tasks.watch.scope import Scope
-from fdl_tasks.watch.snapshot import Entry, unseen
 from fdl_tasks.watch.state_files import WatchFiles, read_state, watcher_alive
-from fdl_tasks.watch.workspace import scope_files
 
 #: How long a change newer than the last cycle may stay unseen by the watcher (s).
 UNSEEN_GRACE = 10.0

@@ -9,9 +9,9 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fdl_tasks.build_environment import Build
-from fdl_tasks.verification import Delivery
-from fdl_tasks.watch.scope import Kind, under
+from fdl_tasks.build.build_environment import Build
+from fdl_tasks.publish.verification_io import Delivery
+from fdl_tasks.tree.scope import Kind, under
 
 
 def shown(path: str, root: str) -> str:

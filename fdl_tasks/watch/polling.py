@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fdl_tasks.watch.scope import under
+from fdl_tasks.tree.scope import under
 
 #: Polling: how often the tree is walked (ms).
 POLL_MS = 500

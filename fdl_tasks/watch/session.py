@@ -1,4 +1,4 @@
-"""``inv prebuild --watch``: the loop of cycles, each one :func:`fdl_tasks.pipeline.prebuild`.
+"""``inv prebuild --watch``: the loop of cycles, each one :func:`pipeline.prebuild`.
 
 Thin: the cycles run in the main thread, so Ctrl-C and SIGTERM stop a build
 the way they stop a plain prebuild; file events arrive from the
@@ -13,17 +13,20 @@ from collections.abc import Mapping
 
 import attrs
 
-from fdl_tasks import pipeline
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.envelope import hand_over, published_path
-from fdl_tasks.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
-from fdl_tasks.interrupts import sigterm_as_interrupt
-from fdl_tasks.loader import load_cluster
-from fdl_tasks.probe import Verdict
-from fdl_tasks.reporting import Severity
-from fdl_tasks.run import Run
-from fdl_tasks.timings import recorded
-from fdl_tasks.watch.buildscripts import target_dirs
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_environment import target_dirs
+from fdl_tasks.config.loader import load_cluster
+from fdl_tasks.config.run import Run
+from fdl_tasks.core.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
+from fdl_tasks.core.interrupts import sigterm_as_interrupt
+from fdl_tasks.core.reporting import Severity
+from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.publish import pipeline
+from fdl_tasks.publish.envelope import hand_over, published_path
+from fdl_tasks.timings.recording import recorded
+from fdl_tasks.tree.scope import Kind, Scope
+from fdl_tasks.tree.snapshot import Entry
+from fdl_tasks.tree.workspace import package_dirs, survey
 from fdl_tasks.watch.lines import (
     build_labels,
     cycle_line,
@@ -32,11 +35,8 @@ from fdl_tasks.watch.lines import (
     stopped_line,
     verified_text,
 )
-from fdl_tasks.watch.scope import Kind, Scope
-from fdl_tasks.watch.snapshot import Entry
 from fdl_tasks.watch.state_files import StateFile, WatchFiles, hold_lock, touch_stamp
 from fdl_tasks.watch.watcher import Watcher
-from fdl_tasks.watch.workspace import package_dirs, survey
 
 
 class Session:

@@ -22,13 +22,13 @@ from typing import Any
 
 import attrs
 
-from fdl_tasks.atomic_files import write_atomically
-from fdl_tasks.errors import FdlError
-from fdl_tasks.layout import WATCH_DIR
-from fdl_tasks.locks import FileLock, create_lock
-from fdl_tasks.reporting import Report, Severity
-from fdl_tasks.watch.scope import Scope
-from fdl_tasks.watch.snapshot import Entry
+from fdl_tasks.config.layout import WATCH_DIR
+from fdl_tasks.core.atomic_files import write_atomically
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.locks import FileLock, create_lock
+from fdl_tasks.core.reporting import Report, Severity
+from fdl_tasks.tree.scope import Scope
+from fdl_tasks.tree.snapshot import Entry
 
 
 @attrs.frozen

@@ -24,14 +24,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fdl_tasks.reporting import Report
+from fdl_tasks.core.reporting import Report
+from fdl_tasks.tree.roots import WatchPlan, watch_plan
+from fdl_tasks.tree.scan import scan
+from fdl_tasks.tree.scope import Kind, Scope
+from fdl_tasks.tree.snapshot import Entry, Snapshot, changed_since, diff
 from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.filewatch import Changes, FileWatch, how_to_watch, relevant_changes
 from fdl_tasks.watch.polling import POLL_MS
-from fdl_tasks.watch.roots import WatchPlan, watch_plan
-from fdl_tasks.watch.scan import scan
-from fdl_tasks.watch.scope import Kind, Scope
-from fdl_tasks.watch.snapshot import Entry, Snapshot, changed_since, diff
 
 
 class Watcher:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST
+from fdl_tasks.config.launch_mode import ENV_PREBUILD_PER_HOST
 from rig.harness import inv_argv, isolated_env, run_inv
 
 FDL_YML = """\

@@ -30,9 +30,9 @@ from typing import Any
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from fdl_tasks.binary_check import file_machine
-from fdl_tasks.cross_targets import GNU_TARGETS
-from fdl_tasks.envelope import PerHostEnvelope, decode
+from fdl_tasks.cargo.cross_targets import GNU_TARGETS
+from fdl_tasks.core.binary_files import file_machine
+from fdl_tasks.publish.envelope import PerHostEnvelope, decode
 from rig.cross import CROSS_REF, add_aarch64_variant, ensure
 from rig.harness import RigCluster, prebuild_args, start_rig
 from rig.project import CROSS_SERVICE, write_compose_file

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.backends.docker_run import docker_line
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.build_plan import plan_builds
-from fdl_tasks.envelope import decode
-from fdl_tasks.loader import load_cluster
-from fdl_tasks.model import DockerSettings
+from fdl_tasks.build.backends.docker_run import docker_line
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.config.loader import load_cluster
+from fdl_tasks.config.model import DockerSettings
+from fdl_tasks.publish.envelope import decode
 from rig.harness import OWNER_LABEL, RigCluster, containers, start_rig
 from rig.project import add_variant, break_variant
 from rig.sshrig import HostSpec

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from bench import flodl_crate
-from fdl_tasks.envelope import PerHostEnvelope, decode
+from fdl_tasks.publish.envelope import PerHostEnvelope, decode
 from rig.harness import RigCluster, prebuild_args, start_rig
 from rig.sshrig import HostSpec
 

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 import yaml
 
-from fdl_tasks.backends.compose import compose_line
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.build_plan import plan_builds
-from fdl_tasks.docker_tools import remove_containers
-from fdl_tasks.envelope import PerHostEnvelope, decode
-from fdl_tasks.loader import load_cluster
-from fdl_tasks.model import ComposeService
+from fdl_tasks.build.backends.compose import compose_line
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.build.docker_tools import remove_containers
+from fdl_tasks.config.loader import load_cluster
+from fdl_tasks.config.model import ComposeService
+from fdl_tasks.publish.envelope import PerHostEnvelope, decode
 from rig.harness import RigCluster, containers, prebuild_args, start_rig
 from rig.project import write_compose_file
 from rig.sshrig import HostSpec

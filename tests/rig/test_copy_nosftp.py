@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fdl_tasks.envelope import decode
+from fdl_tasks.publish.envelope import decode
 from rig.harness import RigCluster
 from rig.sshrig import HostSpec
 from tests.rig.copy_rig import (

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from bench import flodl_crate
-from fdl_tasks.envelope import PerHostEnvelope, decode
+from fdl_tasks.publish.envelope import PerHostEnvelope, decode
 from rig.dist import DistRig, ServerSpec
 from rig.harness import RigCluster, prebuild_args, rig_worker, start_rig, write_cluster
 from rig.project import write_compose_file

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.envelope import PerHostEnvelope, decode
+from fdl_tasks.publish.envelope import PerHostEnvelope, decode
 from rig.harness import (
     OWNER_LABEL,
     RigCluster,

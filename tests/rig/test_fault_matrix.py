@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.envelope import decode
+from fdl_tasks.publish.envelope import decode
 from rig.faults import bind_view, fill, held_verification, kill_sshd, read_only, tmpfs, unmount
 from rig.harness import RigCluster, prebuild_args, start_rig
 from rig.sshrig import HostSpec

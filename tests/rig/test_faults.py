@@ -21,8 +21,8 @@ from typing import Any
 import psutil
 import pytest
 
-from fdl_tasks.docker_tools import remove_containers
-from fdl_tasks.envelope import decode
+from fdl_tasks.build.docker_tools import remove_containers
+from fdl_tasks.publish.envelope import decode
 from rig.faults import kill_sshd
 from rig.harness import RigCluster, Running, containers, inv_argv, prebuild_args, start_rig
 from rig.sshrig import HostSpec

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.envelope import decode
+from fdl_tasks.publish.envelope import decode
 from rig.fleetrig import FleetRig
 from rig.harness import rig_env, run_inv, write_cluster, write_tasks_file
 from rig.project import make_project

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, decode
+from fdl_tasks.config.launch_mode import ENV_PREBUILD_PER_HOST
+from fdl_tasks.publish.envelope import decode
 from rig.harness import RigCluster, Running, inv_argv, run_inv, start_rig, write_tasks_file
 from rig.sshrig import HostSpec
 from tests.unit.docs_text import blocks

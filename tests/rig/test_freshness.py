@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.build_record import VERSION
-from fdl_tasks.envelope import decode
+from fdl_tasks.build.build_record import VERSION
+from fdl_tasks.publish.envelope import decode
 from rig.harness import RigCluster, Running, start_rig
 from rig.project import FIXTURE_DIR
 from rig.sshrig import HostSpec

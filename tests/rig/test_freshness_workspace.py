@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from bench import flodl_crate
-from fdl_tasks.envelope import decode
+from fdl_tasks.publish.envelope import decode
 from rig.harness import RigCluster, start_rig
 from rig.sshrig import HostSpec
 from tests.rig.test_everyday import containers_run, docker_calls

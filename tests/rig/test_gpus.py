@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import pytest
 
-from fdl_tasks.envelope import decode
+from fdl_tasks.publish.envelope import decode
 from rig.docker_builder import BUILDER_IMAGE
 from rig.harness import OWNER_LABEL, RigCluster, start_rig
 from rig.rocm import add_rocm_variant, install_system_rocm, write_arch_file

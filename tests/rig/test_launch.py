@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fdl_tasks.envelope import decode
+from fdl_tasks.publish.envelope import decode
 from rig.harness import RigCluster, Running, start_rig
 from rig.sshrig import HostSpec
 

@@ -18,8 +18,12 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.binary_check import delivery_problems, parse_verification, verification_script
-from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.publish.envelope import PerHostEnvelope
+from fdl_tasks.publish.verification import (
+    delivery_problems,
+    parse_verification,
+    verification_script,
+)
 from rig.harness import RigCluster, inv_argv, start_rig
 from rig.newer_glibc import NEWER, add_newer_glibc_variant
 from rig.sshrig import HostSpec

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.envelope import decode
-from fdl_tasks.layout import host_binary
+from fdl_tasks.config.layout import host_binary
+from fdl_tasks.publish.envelope import decode
 from rig.faults import held_verification, unremovable
 from rig.harness import RigCluster, Running, containers, prebuild_args, start_rig
 from rig.sshrig import HostSpec

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.envelope import decode
+from fdl_tasks.publish.envelope import decode
 from rig.harness import RigCluster, start_rig
 from rig.sshrig import HostSpec
 

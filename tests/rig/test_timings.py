@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.timings_html import page_data
+from fdl_tasks.timings.timings_html import page_data
 from rig.harness import RigCluster, Running, start_rig
 from rig.project import FIXTURE_DIR, write_compose_file
 from rig.sshrig import HostSpec

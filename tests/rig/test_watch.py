@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.envelope import decode
-from fdl_tasks.layout import envelope_file
+from fdl_tasks.config.layout import envelope_file
+from fdl_tasks.publish.envelope import decode
 from rig.harness import RigCluster, Running, containers, start_rig
 from rig.project import FIXTURE_DIR
 from rig.sshrig import HostSpec

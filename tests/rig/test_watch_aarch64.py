@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.binary_check import file_machine
-from fdl_tasks.envelope import decode
-from fdl_tasks.layout import envelope_file
+from fdl_tasks.config.layout import envelope_file
+from fdl_tasks.core.binary_files import file_machine
+from fdl_tasks.publish.envelope import decode
 from rig.cross import CROSS_REF, add_aarch64_variant, ensure
 from rig.harness import RigCluster, start_rig
 from rig.project import CROSS_SERVICE, write_compose_file

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fdl_tasks.auto_arch import Installed, choose
-from fdl_tasks.coverage import ArchFile
-from fdl_tasks.gpus import Gpu, GpuReport
+from fdl_tasks.gpu.auto_arch import Installed, choose
+from fdl_tasks.gpu.coverage import ArchFile
+from fdl_tasks.gpu.gpus import Gpu, GpuReport
 
 BLACKWELL = Gpu("nvidia", 0, "NVIDIA GeForce RTX 5090", "12.0", "580.65.06")
 PASCAL = Gpu("nvidia", 0, "NVIDIA GeForce GTX 1080", "6.1", "550.127.05")

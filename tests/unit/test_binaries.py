@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from bench.flodl_crate import COMMAND, SECOND_COMMAND, generate
-from fdl_tasks import binaries
-from fdl_tasks.binaries import (
+from fdl_tasks.cargo import binaries
+from fdl_tasks.cargo.binaries import (
     binary_names,
     cargo_binary_names,
     check_binary,
     find_manifest,
     selected_packages,
 )
-from fdl_tasks.errors import FdlError
+from fdl_tasks.core.errors import FdlError
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "rig" / "fixture"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.build_environment import BuildEnvironment, NoEnvironment
-from fdl_tasks.build_plan import build_environment, live_target_dirs
-from fdl_tasks.loader import parse_cluster
-from fdl_tasks.model import Cluster
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_environment import BuildEnvironment, NoEnvironment
+from fdl_tasks.build.build_plan import build_environment, live_target_dirs
+from fdl_tasks.config.loader import parse_cluster
+from fdl_tasks.config.model import Cluster
 
 
 def cluster(docker: Any, **controller: Any) -> Cluster:

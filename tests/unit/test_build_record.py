@@ -13,11 +13,11 @@ from typing import Any
 import attrs
 import pytest
 
-from fdl_tasks.backends.compose import NOT_INPUTS, service_inputs
-from fdl_tasks.backends.docker_run import DockerRunBackend, user_inputs
-from fdl_tasks.backends.native import toolchain_identity
-from fdl_tasks.build_environment import Build, BuildEnvironment, BuildJob
-from fdl_tasks.build_record import (
+from fdl_tasks.build.backends.compose import NOT_INPUTS, service_inputs
+from fdl_tasks.build.backends.docker_run import DockerRunBackend, user_inputs
+from fdl_tasks.build.backends.native import toolchain_identity
+from fdl_tasks.build.build_environment import Build, BuildEnvironment, BuildJob
+from fdl_tasks.build.build_record import (
     UNKNOWN,
     VERSION,
     BuildRecord,
@@ -26,23 +26,16 @@ from fdl_tasks.build_record import (
     as_read,
     content_changed,
     dep_info_paths,
-    read_sources,
     rerun_paths,
     reused_digest,
-    sources_json,
     tree_digest,
     verdict,
 )
-from fdl_tasks.layout import MARKER_FILE
-from fdl_tasks.model import Controller, DockerSettings
-from fdl_tasks.record_files import (
-    MOUNT_BUDGET,
-    Records,
-    record_file,
-    stale_binary,
-    write_sources,
-)
-from fdl_tasks.watch.snapshot import RACY_NS, Entry, Snapshot
+from fdl_tasks.build.build_record_io import MOUNT_BUDGET, Records, record_file
+from fdl_tasks.config.layout import MARKER_FILE
+from fdl_tasks.config.model import Controller, DockerSettings
+from fdl_tasks.publish.freshness import read_sources, sources_json, stale_binary, write_sources
+from fdl_tasks.tree.snapshot import RACY_NS, Entry, Snapshot
 
 S = 1_000_000_000
 T = 1_700_000_000 * S
@@ -626,7 +619,7 @@ def test_an_unreadable_source_is_compared_by_stat(
     """As root every file can be read, so the refusal is simulated."""
     job = project(tmp_path)
     built(tmp_path, job)
-    monkeypatch.setattr("fdl_tasks.watch.scan.digest", lambda path: None)
+    monkeypatch.setattr("fdl_tasks.tree.scan.digest", lambda path: None)
     lib = tmp_path / "util/src/lib.rs"
     assert records(tmp_path).check(job).verdict.fresh  # unmoved: its digest is kept
     lib.write_text("pub fn g() {}\n")

@@ -10,10 +10,10 @@ from typing import cast
 
 import pytest
 
-from fdl_tasks.build_environment import BuildJob
-from fdl_tasks.builder import concurrency, head_start, order_text
-from fdl_tasks.layout import MARKER_FILE
-from fdl_tasks.manifests import changed_since
+from fdl_tasks.build.build_environment import BuildJob
+from fdl_tasks.build.builder import concurrency, head_start, order_text
+from fdl_tasks.cargo.manifests import changed_since
+from fdl_tasks.config.layout import MARKER_FILE
 
 
 @pytest.mark.parametrize(

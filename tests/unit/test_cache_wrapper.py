@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks import cache as cache_module
-from fdl_tasks.cache import WRAPPER_SCRIPT, open_cache
+from fdl_tasks.cache import compile_cache as cache_module
+from fdl_tasks.cache.compile_cache import WRAPPER_SCRIPT, open_cache
 
 Wrap = Callable[..., subprocess.CompletedProcess[str]]
 

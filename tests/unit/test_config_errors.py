@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fdl_tasks.config_errors import (
+from fdl_tasks.config.config_errors import (
     key_line,
     merge_problem,
     misplaced_cluster_file,
     value_at,
     yaml_problem,
 )
-from fdl_tasks.settings import resolve_cluster_file
-from fdl_tasks.suggest import close_matches, quoted_choice
+from fdl_tasks.config.settings import resolve_cluster_file
+from fdl_tasks.core.suggest import close_matches, quoted_choice
 
 TEXT = "# settings\nrun:\n  echo: true\nfdl:\n  # cluster_file: x.yml\ntasks:\n  dedupe: false\n"
 

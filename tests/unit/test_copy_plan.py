@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.copy_plan import (
+from fdl_tasks.config.loader import parse_cluster
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.publish.delivery import (
     HostState,
     Target,
     copy_hosts,
@@ -16,12 +19,9 @@ from fdl_tasks.copy_plan import (
     parse_state,
     query_script,
 )
-from fdl_tasks.copying import deliver
-from fdl_tasks.errors import FdlError
-from fdl_tasks.loader import parse_cluster
-from fdl_tasks.outcomes import Failure
-from fdl_tasks.settings import Settings
-from fdl_tasks.variant_plan import changed, listing_script, parse_listing
+from fdl_tasks.publish.delivery_io import deliver
+from fdl_tasks.publish.libtorch_push import changed, listing_script, parse_listing
+from fdl_tasks.ssh.outcomes import Failure
 
 
 def cluster(**top: object) -> dict[str, object]:

@@ -10,11 +10,11 @@ from typing import Any
 
 import paramiko
 
-from fdl_tasks.copy_plan import HostState, Target, stream_problem, stream_script
-from fdl_tasks.copying import deliver
-from fdl_tasks.outcomes import Reply
-from fdl_tasks.probe import BEGIN, END
-from fdl_tasks.settings import Settings
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.preflight.probe import BEGIN, END
+from fdl_tasks.publish.delivery import HostState, Target, stream_problem, stream_script
+from fdl_tasks.publish.delivery_io import deliver
+from fdl_tasks.ssh.outcomes import Reply
 
 STATE = HostState(mkdir="ok", writable=True, sha256=None, free_bytes=10**9)
 DATA = b"\x7fELF" + bytes(range(256)) * 64

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.coverage import (
+from fdl_tasks.config.model import Worker
+from fdl_tasks.gpu.coverage import (
     ArchFile,
     driver_supports,
     judge_coverage,
@@ -14,10 +15,9 @@ from fdl_tasks.coverage import (
     parse_arch_file,
     variant_cuda,
 )
-from fdl_tasks.gpu_gate import gate
-from fdl_tasks.gpus import Gpu, GpuReport
-from fdl_tasks.model import Worker
-from fdl_tasks.probe import ProbeFacts, Verdict
+from fdl_tasks.gpu.gpus import Gpu, GpuReport
+from fdl_tasks.preflight.gpu_gate import gate
+from fdl_tasks.preflight.probe import ProbeFacts, Verdict
 
 BLACKWELL = Gpu("nvidia", 0, "NVIDIA GeForce RTX 5090", "12.0", "580.65.06")
 PASCAL = Gpu("nvidia", 0, "NVIDIA GeForce GTX 1080", "6.1", "550.127.05")
@@ -162,7 +162,7 @@ def test_auto_falling_back_to_cpu_without_a_gpu_listed_warns(tmp_path: Path) -> 
 
 
 def test_clean_keeps_every_variant_an_auto_host_may_get(tmp_path: Path) -> None:
-    from fdl_tasks.gpu_gate import expand_auto, installed_variants
+    from fdl_tasks.config.installed_variants import expand_auto, installed_variants
 
     for arch in ("precompiled/cu128", "builds/sm61-sm120", "precompiled/cpu"):
         (tmp_path / "libtorch" / arch / "lib").mkdir(parents=True)

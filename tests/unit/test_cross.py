@@ -8,16 +8,17 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.backends.compose import compose_line
-from fdl_tasks.backends.docker_run import docker_line
-from fdl_tasks.backends.native import native_line
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.binary_check import RemoteCopy, delivery_problems, elf_machine, file_machine
-from fdl_tasks.build_plan import plan_builds
-from fdl_tasks.errors import FdlError
-from fdl_tasks.loader import parse_cluster
-from fdl_tasks.model import Cluster, ComposeService, DockerSettings
-from fdl_tasks.probe import BuildEnvironment, ProbeFacts, ProbeRequest, judge
+from fdl_tasks.build.backends.compose import compose_line
+from fdl_tasks.build.backends.docker_run import docker_line
+from fdl_tasks.build.backends.native import native_line
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.config.loader import parse_cluster
+from fdl_tasks.config.model import Cluster, ComposeService, DockerSettings
+from fdl_tasks.core.binary_files import elf_machine, file_machine
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.preflight.probe import BuildEnvironment, ProbeFacts, ProbeRequest, judge
+from fdl_tasks.publish.verification import RemoteCopy, delivery_problems
 
 ARM = "aarch64-unknown-linux-gnu"
 #: The aarch64 hosts' libtorch: a directory of its own on the controller.

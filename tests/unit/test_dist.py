@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.cache import (
+from fdl_tasks.cache.cache_stats import (
+    DIST_STATUS_FILE,
+    FALLBACKS_FILE,
+    STATS_FILE,
+    CacheStats,
+    read_stats,
+)
+from fdl_tasks.cache.compile_cache import (
     CONTAINER_SCCACHE,
     CONTAINER_WRAPPER,
     CompileCache,
@@ -26,14 +33,7 @@ from fdl_tasks.cache import (
     open_cache,
     with_stats,
 )
-from fdl_tasks.cache_stats import (
-    DIST_STATUS_FILE,
-    FALLBACKS_FILE,
-    STATS_FILE,
-    CacheStats,
-    read_stats,
-)
-from fdl_tasks.dist import (
+from fdl_tasks.cache.dist import (
     WRAPPER_SCRIPT,
     client_config,
     is_loopback_url,
@@ -41,11 +41,11 @@ from fdl_tasks.dist import (
     parse_scheduler_status,
     toml_string,
 )
-from fdl_tasks.dist_client import CONTAINER_DIST, CONTAINER_TOOLCHAINS, DistClient
-from fdl_tasks.errors import FdlError
-from fdl_tasks.loader import parse_cluster
-from fdl_tasks.model import DistSettings
-from fdl_tasks.reporting import collect
+from fdl_tasks.cache.dist_io import CONTAINER_DIST, CONTAINER_TOOLCHAINS, DistClient
+from fdl_tasks.config.loader import parse_cluster
+from fdl_tasks.config.model import DistSettings
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.reporting import collect
 
 SECRET = "s3cr3t-Token_value.42"
 

@@ -25,10 +25,10 @@ from invoke.program import Program
 
 from fdl_tasks import ns
 from fdl_tasks.cli import SHORT_FLAGS
-from fdl_tasks.extras import with_extras
-from fdl_tasks.flodl_schema import EXTRAS_FILE, project_problems
-from fdl_tasks.loader import load_cluster, parse_cluster
-from fdl_tasks.settings import Settings
+from fdl_tasks.config.extras import with_extras
+from fdl_tasks.config.flodl_schema import EXTRAS_FILE, project_problems
+from fdl_tasks.config.loader import load_cluster, parse_cluster
+from fdl_tasks.config.settings import Settings
 from tests.unit.docs_text import (
     PAGES,
     ROOT,

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fdl_tasks.envelope import ENV_PREBUILD_PER_HOST, PerHostEnvelope, decode, encode, read_file
-from fdl_tasks.errors import FdlError
+from fdl_tasks.config.launch_mode import ENV_PREBUILD_PER_HOST
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.publish.envelope import PerHostEnvelope, decode, encode, read_file
 
 # SPEC's example, as serde_json writes a BTreeMap<String, PerHostEnvelope>
 # whose cwd_subpath is skipped when empty.

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.atomic_files import remove_partials, replace_atomically
-from fdl_tasks.errors import FdlError
+from fdl_tasks.core.atomic_files import remove_partials, replace_atomically
+from fdl_tasks.core.errors import FdlError
 
 
 def test_an_unfinished_write_leaves_the_old_file_and_no_partial(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from fdl_tasks.errors import FdlError
-from fdl_tasks.flodl_layers import deep_merge
-from fdl_tasks.loader import find_cluster_file, load_cluster
+from fdl_tasks.config.flodl_layers import deep_merge
+from fdl_tasks.config.loader import find_cluster_file, load_cluster
+from fdl_tasks.core.errors import FdlError
 
 SOLO = """\
 cluster:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.gpus import (
+from fdl_tasks.config.model import Worker
+from fdl_tasks.config.variants import cargo_features
+from fdl_tasks.gpu.gpus import (
     Gpu,
     classify,
     features_for,
@@ -25,9 +26,8 @@ from fdl_tasks.gpus import (
     unknown_name_warning,
     vendor_of,
 )
-from fdl_tasks.model import Worker
-from fdl_tasks.probe import ProbeRequest, parse_facts
-from fdl_tasks.variants import cargo_features
+from fdl_tasks.preflight.probe import ProbeRequest, parse_facts
+from fdl_tasks.publish.envelope import PerHostEnvelope
 from rig.gpushims import gpu_shims
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpus"

@@ -17,21 +17,21 @@ import paramiko
 import pytest
 from paramiko.common import AUTH_SUCCESSFUL
 
-from fdl_tasks.errors import FdlError
-from fdl_tasks.hostkey_policy import HostKeyRefused
-from fdl_tasks.hostkeys import (
+from fdl_tasks.config.model import SshSettings, Worker
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.reporting import collect
+from fdl_tasks.ssh.hostkey_policy import HostKeyRefused
+from fdl_tasks.ssh.known_hosts import KnownLine
+from fdl_tasks.ssh.known_hosts_io import (
     KnownHosts,
     KnownHostsView,
     TrustOnFirstUse,
     explain_refusal,
     skipped_warnings,
 )
-from fdl_tasks.known_hosts import KnownLine
-from fdl_tasks.model import SshSettings, Worker
-from fdl_tasks.remote import Fleet
-from fdl_tasks.reporting import collect
-from fdl_tasks.settings import Settings
-from fdl_tasks.sshconfig import host_key_options, ssh_config_block
+from fdl_tasks.ssh.remote import Fleet
+from fdl_tasks.ssh.sshconfig import host_key_options, ssh_config_block
 
 NAME = "[node-a]:2222"  # how known_hosts names host node-a at port 2222
 

@@ -9,16 +9,20 @@ from pathlib import Path
 import attrs
 import pytest
 
-from fdl_tasks.binary_check import delivery_problems, parse_verification, verification_script
-from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.gpu_gate import gate
-from fdl_tasks.gpus import Gpu, GpuReport, Vendor
-from fdl_tasks.launch_facts import all_devices_error, loopback_warning, only_loopback
-from fdl_tasks.model import Cluster, Controller, SshSettings, Worker
-from fdl_tasks.preflight import controller_loopback, resolve
-from fdl_tasks.probe import BEGIN, END, BuildEnvironment, ProbeFacts, ProbeRequest, judge
-from fdl_tasks.probe import parse_facts as parse_probe
-from fdl_tasks.unmet_versions import UnmetVersion, parse_unmet, unmet_text
+from fdl_tasks.config.model import Cluster, Controller, SshSettings, Worker
+from fdl_tasks.gpu.gpus import Gpu, GpuReport, Vendor
+from fdl_tasks.gpu.launch_facts import all_devices_error, loopback_warning, only_loopback
+from fdl_tasks.preflight.gpu_gate import gate
+from fdl_tasks.preflight.preflight import controller_loopback, resolve
+from fdl_tasks.preflight.probe import BEGIN, END, BuildEnvironment, ProbeFacts, ProbeRequest, judge
+from fdl_tasks.preflight.probe import parse_facts as parse_probe
+from fdl_tasks.preflight.unmet_versions import UnmetVersion, parse_unmet, unmet_text
+from fdl_tasks.publish.envelope import PerHostEnvelope
+from fdl_tasks.publish.verification import (
+    delivery_problems,
+    parse_verification,
+    verification_script,
+)
 
 #: Real ldd output: rockylinux:9 loading a libtorch built on a newer distribution.
 ROCKY9 = (Path(__file__).parents[1] / "data/ldd/rockylinux9-newer-libtorch.txt").read_text()

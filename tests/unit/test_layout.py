@@ -6,9 +6,9 @@ from typing import Any
 
 import attrs
 
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.build_plan import live_target_dirs, plan_builds
-from fdl_tasks.layout import (
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_plan import live_target_dirs, plan_builds
+from fdl_tasks.config.layout import (
     BuildKey,
     envelope_file,
     host_binary,
@@ -16,8 +16,8 @@ from fdl_tasks.layout import (
     shared_dir,
     stale_dirs,
 )
-from fdl_tasks.loader import parse_cluster
-from fdl_tasks.model import Cluster
+from fdl_tasks.config.loader import parse_cluster
+from fdl_tasks.config.model import Cluster
 
 KEY = BuildKey(mode="docker", arch="precompiled/cu128", features=("cuda",), environment="img:12.8")
 

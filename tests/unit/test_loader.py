@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.errors import FdlError
-from fdl_tasks.loader import load_cluster, parse_cluster
-from fdl_tasks.model import DEFAULT_DATA_PATH, DockerSettings
+from fdl_tasks.config.loader import load_cluster, parse_cluster
+from fdl_tasks.config.model import DEFAULT_DATA_PATH, DockerSettings
+from fdl_tasks.core.errors import FdlError
 from tests.conftest import DATA
 
 FULL = """

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.errors import FdlError
-from fdl_tasks.locks import FileLock, create_lock, project_lock
-from fdl_tasks.login_facts import quiet_paramiko
-from fdl_tasks.reporting import collect
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.locks import FileLock, create_lock, project_lock
+from fdl_tasks.core.reporting import collect
+from fdl_tasks.ssh.login_facts import quiet_paramiko
 
 HOLD = (
     "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "

@@ -21,20 +21,20 @@ from invoke.exceptions import CommandTimedOut, Exit
 from invoke.runners import Result
 
 from fdl_tasks.cli import user_errors
-from fdl_tasks.errors import FdlError, LoginRefused, NothingVerified
-from fdl_tasks.hostkey_policy import HostKeyRefused, added_lines
-from fdl_tasks.login_facts import greet, load_identity, login_of
-from fdl_tasks.login_verdicts import (
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.errors import FdlError, LoginRefused, NothingVerified
+from fdl_tasks.preflight.login_verdicts import (
     check_verified,
     failed_verdict,
     is_error,
     nothing_reached,
     preflight_error,
 )
-from fdl_tasks.outcomes import Failure, Kind
-from fdl_tasks.probe import Verdict
-from fdl_tasks.settings import Settings
-from fdl_tasks.ssh_failures import Login, classify, describe_failure, key_file_failure
+from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.ssh.hostkey_policy import HostKeyRefused, added_lines
+from fdl_tasks.ssh.login_facts import greet, load_identity, login_of
+from fdl_tasks.ssh.outcomes import Failure, Kind
+from fdl_tasks.ssh.ssh_failures import Login, classify, describe_failure, key_file_failure
 
 LOGIN = Login("root", "10.0.0.5", 2222, ("/keys/id",), identity_only=True)
 

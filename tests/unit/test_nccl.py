@@ -10,11 +10,11 @@ from pathlib import Path
 import attrs
 import pytest
 
-from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Worker
-from fdl_tasks.nccl import NcclSources, NcclVersion, nccl_skew, parse_nccl
-from fdl_tasks.probe import ProbeFacts, ProbeRequest, Verdict, parse_facts
-from fdl_tasks.settings import Settings
+from fdl_tasks.config.model import Worker
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.preflight.nccl import NcclSources, NcclVersion, nccl_skew, parse_nccl
+from fdl_tasks.preflight.probe import ProbeFacts, ProbeRequest, Verdict, parse_facts
 
 WORKER = Worker("gpu1", "/mnt/p", "precompiled/cu128")
 #: nccl.h as NVIDIA ships it (the lines around the version defines included).

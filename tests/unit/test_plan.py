@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from fdl_tasks.backends.compose import compose_line
-from fdl_tasks.backends.docker_run import docker_line, resolve_image
-from fdl_tasks.backends.native import native_line
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.build_environment import NoEnvironment
-from fdl_tasks.build_plan import plan_builds
-from fdl_tasks.errors import FdlError
-from fdl_tasks.loader import parse_cluster
-from fdl_tasks.model import Cluster, ComposeService, DockerSettings
+from fdl_tasks.build.backends.compose import compose_line
+from fdl_tasks.build.backends.docker_run import docker_line, resolve_image
+from fdl_tasks.build.backends.native import native_line
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_environment import NoEnvironment
+from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.config.loader import parse_cluster
+from fdl_tasks.config.model import Cluster, ComposeService, DockerSettings
+from fdl_tasks.core.errors import FdlError
 
 
 def cluster(archs: dict[str, str], docker: dict[str, object] | None = None) -> Cluster:
@@ -267,7 +267,7 @@ def test_each_vendor_gets_its_own_image_or_service() -> None:
 def attrs_evolve_builds(c: Cluster, **build: str) -> Cluster:
     import attrs
 
-    from fdl_tasks.model import VendorBuild
+    from fdl_tasks.config.model import VendorBuild
 
     controller = attrs.evolve(c.controller, gpu_builds={"amd": VendorBuild(**build)})
     return attrs.evolve(c, controller=controller)

@@ -8,7 +8,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from fdl_tasks.probe import (
+from fdl_tasks.core.reporting import Severity
+from fdl_tasks.preflight.probe import (
     BuildEnvironment,
     ProbeFacts,
     ProbeRequest,
@@ -16,8 +17,7 @@ from fdl_tasks.probe import (
     parse_facts,
     unreachable,
 )
-from fdl_tasks.probe_report import note_lines, report_lines
-from fdl_tasks.reporting import Severity
+from fdl_tasks.preflight.probe_report import note_lines, report_lines
 
 BUILD = BuildEnvironment("x86_64", (2, 36))
 ABI = ProbeRequest("/data", True, abi=True)

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.host_paths import HostPaths
-from fdl_tasks.model import Worker
-from fdl_tasks.probe import BuildEnvironment, ProbeRequest, judge, parse_facts
-from fdl_tasks.readiness import (
+from fdl_tasks.build.readiness import (
     crate_missing,
     cross_std_missing,
     has_std,
     root_missing,
     variants_missing,
 )
+from fdl_tasks.config.model import Worker
+from fdl_tasks.preflight.host_paths import HostPaths
+from fdl_tasks.preflight.probe import BuildEnvironment, ProbeRequest, judge, parse_facts
 
 BUILD = BuildEnvironment("x86_64", (2, 36))
 
@@ -87,7 +87,7 @@ def test_a_copy_host_without_its_variant_is_told_to_push_it() -> None:
 
 def test_the_controller_probe_asks_no_host_directory() -> None:
     """The controller block has no HostPaths: its checks are the controller's own."""
-    from fdl_tasks.model import Controller
+    from fdl_tasks.config.model import Controller
 
     request = ProbeRequest.for_host(Controller(path="/p"), True, "crate", "c.yaml")
     assert request.paths is None and "path=" not in request.script()

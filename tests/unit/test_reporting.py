@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 from invoke.context import Context
 
-from fdl_tasks.errors import FdlError
-from fdl_tasks.loader import load_cluster, parse_cluster
-from fdl_tasks.reporting import Severity
-from fdl_tasks.run import Run
-from fdl_tasks.settings import Settings
+from fdl_tasks.config.loader import load_cluster, parse_cluster
+from fdl_tasks.config.run import Run
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.reporting import Severity
 from fdl_tasks.watch.session import Session
 
 MINIMAL = {"controller": {"path": "/srv/proj"}, "workers": [{"host": "a", "path": "/srv/proj"}]}

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.errors import FdlError
-from fdl_tasks.layout import arch_slug
-from fdl_tasks.layout import host_binary as binary_path
-from fdl_tasks.layout import host_dir as target_dir
-from fdl_tasks.loader import parse_cluster
-from fdl_tasks.names import check_command, check_crate_dir, controller_label, remote_workers
-from fdl_tasks.variants import arch_cuda, cargo_features, require_arch
+from fdl_tasks.config.layout import arch_slug
+from fdl_tasks.config.layout import host_binary as binary_path
+from fdl_tasks.config.layout import host_dir as target_dir
+from fdl_tasks.config.loader import parse_cluster
+from fdl_tasks.config.names import check_command, check_crate_dir, controller_label, remote_workers
+from fdl_tasks.config.variants import arch_cuda, cargo_features, require_arch
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.publish.envelope import PerHostEnvelope
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from invoke.context import Context
 
-from fdl_tasks.loader import load_cluster
-from fdl_tasks.run import Run
-from fdl_tasks.said_notes import cluster_digest, notes_file, parse_state, state_text, to_say
-from fdl_tasks.settings import Settings
+from fdl_tasks.config.loader import load_cluster
+from fdl_tasks.config.run import Run
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.said_notes import cluster_digest, notes_file, parse_state, state_text, to_say
 
 CLUSTER = cluster_digest([b"workers: [a, b]\n"])
 GPU = "a, b: GPU coverage could not be checked: no nvidia-smi on the host"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from fdl_tasks.console import PrefixedLines, StatusBoard
+from fdl_tasks.core.console import PrefixedLines, StatusBoard
 
 
 def test_plain_lines_when_not_a_terminal() -> None:

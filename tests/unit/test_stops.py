@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from fdl_tasks.backends.containers import docker_exit_problem
+from fdl_tasks.build.backends.containers import docker_exit_problem
 
 # Imports as root, then becomes ``nobody``: the clone may sit where nobody cannot read
 # (root's home, a ``mktemp -d`` directory), and only the stop must be nobody's.
 SCRIPT = """
 import os, sys, types
-from fdl_tasks.backends.native import NativeBackend
+from fdl_tasks.build.backends.native import NativeBackend
 os.setgroups([])
 os.setresgid(65534, 65534, 65534)
 os.setresuid(65534, 65534, 65534)
@@ -52,7 +52,7 @@ def test_a_daemon_that_cannot_list_the_containers_is_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No answer is not "nothing to remove": the run's containers may still run."""
-    from fdl_tasks.docker_tools import remove_containers
+    from fdl_tasks.build.docker_tools import remove_containers
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     [line] = remove_containers("fdl-tasks.run=ab12", "fdl-tasks.job=node b")

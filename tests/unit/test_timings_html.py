@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.timeline import Timeline, fold_rounds
-from fdl_tasks.timings import KEEP, cargo_report
-from fdl_tasks.timings_html import DATA_ID, page_data, render
+from fdl_tasks.build.build_step import cargo_report
+from fdl_tasks.core.timeline import Timeline, fold_rounds
+from fdl_tasks.timings.recording import KEEP
+from fdl_tasks.timings.timings_html import DATA_ID, page_data, render
 
 
 def ticking(*values: float) -> Timeline:

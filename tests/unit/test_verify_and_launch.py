@@ -8,20 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.binary_check import (
+from fdl_tasks.config.model import SshSettings, Worker
+from fdl_tasks.config.names import split_ssh_option
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.binary_files import file_sha256, required_glibc
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.launch import check_envelopes, launch_line
+from fdl_tasks.publish.envelope import PerHostEnvelope
+from fdl_tasks.publish.verification import (
     delivery_problems,
-    file_sha256,
     parse_verification,
-    required_glibc,
     verification_script,
 )
-from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.errors import FdlError
-from fdl_tasks.launch import check_envelopes, launch_line
-from fdl_tasks.model import SshSettings, Worker
-from fdl_tasks.names import split_ssh_option
-from fdl_tasks.settings import Settings
-from fdl_tasks.sshconfig import ssh_config_block
+from fdl_tasks.ssh.sshconfig import ssh_config_block
 
 
 def test_required_glibc_reads_a_real_elf() -> None:

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from fdl_tasks.build_environment import Build, BuildEnvironment, CrossBuild
-from fdl_tasks.errors import FdlError
-from fdl_tasks.reporting import collect
-from fdl_tasks.verification import Delivery
-from fdl_tasks.watch.buildscripts import declared_inputs, host_path, rerun_declarations
+from fdl_tasks.build.build_environment import Build, BuildEnvironment, CrossBuild
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.reporting import collect
+from fdl_tasks.publish.verification_io import Delivery
+from fdl_tasks.tree.buildscripts import declared_inputs, host_path, rerun_declarations
+from fdl_tasks.tree.roots import WatchPlan, watch_plan
+from fdl_tasks.tree.scope import Kind, Scope, gone_directory, make_scope
 from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.launchwait import wait_for_watch
 from fdl_tasks.watch.lines import (
@@ -28,8 +30,6 @@ from fdl_tasks.watch.lines import (
     verified_text,
 )
 from fdl_tasks.watch.polling import mount_fstype, needs_polling, polling_choice
-from fdl_tasks.watch.roots import WatchPlan, watch_plan
-from fdl_tasks.watch.scope import Kind, Scope, gone_directory, make_scope
 from fdl_tasks.watch.state_files import WatchFiles
 
 ROOT = "/srv/proj"

@@ -15,14 +15,12 @@ import attrs
 import pytest
 from watchfiles import Change
 
-from fdl_tasks.errors import FdlError
-from fdl_tasks.reporting import collect
-from fdl_tasks.watch.filewatch import Changes, FileWatch
-from fdl_tasks.watch.launchwait import wait_for_watch
-from fdl_tasks.watch.roots import WatchPlan
-from fdl_tasks.watch.scan import digest, entry_of, scan
-from fdl_tasks.watch.scope import Scope, make_scope
-from fdl_tasks.watch.snapshot import (
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.reporting import collect
+from fdl_tasks.tree.roots import WatchPlan
+from fdl_tasks.tree.scan import digest, entry_of, scan
+from fdl_tasks.tree.scope import Scope, make_scope
+from fdl_tasks.tree.snapshot import (
     RACY_NS,
     Entry,
     Snapshot,
@@ -33,6 +31,8 @@ from fdl_tasks.watch.snapshot import (
     settled,
     unseen,
 )
+from fdl_tasks.watch.filewatch import Changes, FileWatch
+from fdl_tasks.watch.launchwait import wait_for_watch
 from fdl_tasks.watch.watcher import Watcher
 
 S = 1_000_000_000

@@ -6,7 +6,7 @@ docker image/run_args/env, the compose service, ssh options from cluster.yaml;
 is generated with shell metacharacters, spaces, leading ``-``, ``..``, ``/``,
 unicode and control characters, and fed through the real gatekeeper (the
 loader, ``check_command``, ``check_crate_dir``). Whatever it decides is
-checked: a refusal is one clean :class:`~fdl_tasks.errors.FdlError` line naming
+checked: a refusal is one clean :class:`~fdl_tasks.core.errors.FdlError` line naming
 the field; an accepted value is rendered into the real command lines, which
 ``/bin/sh`` runs against recorder programs (see ``conftest.py``), and the test
 compares what the recorders saw with the raw values.

@@ -24,11 +24,11 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from fdl_tasks.errors import FdlError
-from fdl_tasks.loader import parse_cluster
-from fdl_tasks.model import Cluster
-from fdl_tasks.names import check_command, check_crate_dir
-from fdl_tasks.variants import cargo_features
+from fdl_tasks.config.loader import parse_cluster
+from fdl_tasks.config.model import Cluster
+from fdl_tasks.config.names import check_command, check_crate_dir
+from fdl_tasks.config.variants import cargo_features
+from fdl_tasks.core.errors import FdlError
 
 T = TypeVar("T")
 

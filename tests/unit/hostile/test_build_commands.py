@@ -15,15 +15,15 @@ import attrs
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
-from fdl_tasks.backends.compose import compose_line
-from fdl_tasks.backends.docker_run import docker_line
-from fdl_tasks.backends.native import native_line
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.build_environment import BuildJob
-from fdl_tasks.build_plan import plan_builds
-from fdl_tasks.model import ComposeService, DockerSettings
-from fdl_tasks.names import join_path
-from fdl_tasks.variants import arch_cuda
+from fdl_tasks.build.backends.compose import compose_line
+from fdl_tasks.build.backends.docker_run import docker_line
+from fdl_tasks.build.backends.native import native_line
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_environment import BuildJob
+from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.config.model import ComposeService, DockerSettings
+from fdl_tasks.config.names import join_path
+from fdl_tasks.config.variants import arch_cuda
 from tests.unit.hostile.conftest import (
     cargo_tail,
     checked_command,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fdl_tasks.layout import host_binary as binary_path
+from fdl_tasks.config.layout import host_binary as binary_path
 from tests.conftest import REPO, run_inv
 from tests.unit.hostile.conftest import (
     MARKER,

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.build_plan import plan_builds
-from fdl_tasks.errors import FdlError
-from fdl_tasks.model import Cluster, DockerSettings
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.config.model import Cluster, DockerSettings
+from fdl_tasks.core.errors import FdlError
 from tests.unit.hostile.conftest import (
     assert_one_paragraph,
     base_cluster,

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fdl_tasks.envelope import PerHostEnvelope
+from fdl_tasks.config.names import join_path
 from fdl_tasks.launch import launch_line
-from fdl_tasks.names import join_path
+from fdl_tasks.publish.envelope import PerHostEnvelope
 from tests.unit.hostile.conftest import (
     Call,
     Sandbox,

@@ -13,9 +13,9 @@ import attrs
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
-from fdl_tasks.binary_check import parse_verification, verification_script
-from fdl_tasks.envelope import PerHostEnvelope
-from fdl_tasks.probe import ProbeRequest, parse_facts
+from fdl_tasks.preflight.probe import ProbeRequest, parse_facts
+from fdl_tasks.publish.envelope import PerHostEnvelope
+from fdl_tasks.publish.verification import parse_verification, verification_script
 from tests.unit.hostile.conftest import (
     checked_command,
     checked_crate_dir,

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from fdl_tasks.model import Worker
-from fdl_tasks.sshconfig import HONOURED_OPTIONS, ssh_config_block
+from fdl_tasks.config.model import Worker
+from fdl_tasks.ssh.sshconfig import HONOURED_OPTIONS, ssh_config_block
 from tests.unit.hostile.conftest import hostile, load, one_worker
 
 SSH_KEYS = sorted(

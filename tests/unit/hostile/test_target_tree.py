@@ -13,11 +13,11 @@ import os
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from fdl_tasks.backends.registry import backend_for
-from fdl_tasks.build_plan import plan_builds
-from fdl_tasks.layout import host_binary as binary_path
-from fdl_tasks.layout import host_dir as target_dir
-from fdl_tasks.variants import libtorch_dir
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.config.layout import host_binary as binary_path
+from fdl_tasks.config.layout import host_dir as target_dir
+from fdl_tasks.config.variants import libtorch_dir
 from tests.unit.hostile.conftest import arches, commands, labels, load, one_worker
 
 

@@ -1,0 +1,366 @@
+"""Build records on disk: the look at what a build reads, the units cargo's dep-info
+names, the forced units' fingerprints removed, and the record file beside the target dir.
+
+Thin I/O over :mod:`fdl_tasks.build.build_record`. A look walks the project as the
+watcher does (``target/``, version control and tool caches skipped), the
+build's libtorch variant and each of the user's mounts whole, and lists the
+directory of every file a unit named (``.git/HEAD``, a path dependency in a
+mount). It reads the content of every file that counts (sources, manifests,
+what a unit named) whose stat moved or was racy; the variant and the mounts
+are looked at by stat alone. Paths a build saw in its container are mapped
+back through the most specific mount.
+
+The units come from the target dir after a build: each fingerprint directory
+``<profile>/.fingerprint/<package>-<hash>``, with the files rustc's dep-info
+``<profile>/deps/*-<hash>.d`` (or a build script's
+``<profile>/build/<package>-<hash>/*-<hash>.d``) lists, relative to the
+workspace root, and the paths its build script run declared with
+``rerun-if-changed`` (relative to its package; none declared: every file of
+its package). A forced unit's fingerprint directory is removed before cargo
+runs: cargo rebuilds that unit and its dependents, in that target dir only,
+and never sees the user's files touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+from fdl_tasks.core.atomic_files import text_or_empty, write_atomically
+from fdl_tasks.build.build_environment import BuildJob
+from fdl_tasks.build.build_record import BuildRecord, RecordInputs, Verdict, as_read, dep_info_paths, first_changed, named, rerun_paths, reused_digest, tree_digest, verdict
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.config.layout import MARKER_FILE, PROFILE_DIR, sources_file
+from fdl_tasks.config.variants import libtorch_dir
+from fdl_tasks.tree.roots import WatchPlan
+from fdl_tasks.tree.scan import entry_of, scan
+from fdl_tasks.tree.scope import Scope, under
+from fdl_tasks.tree.snapshot import Entry, Snapshot
+from fdl_tasks.tree.workspace import package_dirs, walk_files
+
+#: A user mount holding more files than this is not walked: its builds always run cargo.
+MOUNT_BUDGET = 20_000
+
+
+#: A record's file name in its target dir, of a command.
+RECORD_NAME = ".fdl-record-{}.json"
+
+
+def record_file(root: Path, job: BuildJob) -> Path:
+    """One record per command in each target dir (a target dir builds every command)."""
+    return root / job.target_dir / RECORD_NAME.format(job.build.command)
+
+
+def read_record(path: Path) -> BuildRecord | None:
+    try:
+        return BuildRecord.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # not UTF-8 either: no record
+        return None
+
+
+@attrs.frozen
+class Check:
+    """A build's check against its record: ``verdict.fresh`` when cargo can be skipped;
+    ``look``, taken before cargo, becomes the next record if the build succeeds."""
+
+    verdict: Verdict
+    look: Snapshot
+    inputs: RecordInputs
+
+
+class Records:
+    """The records of one run's builds. ``inputs``: the backend's for a job; ``skip``:
+    whether a fresh build may skip cargo (``fdl.skip_unchanged``); ``excluded``:
+    directories no build reads (the compile cache)."""
+
+    def __init__(
+        self,
+        root: Path,
+        inputs: Callable[[BuildJob], RecordInputs],
+        *,
+        skip: bool = True,
+        excluded: Sequence[str] = (),
+    ) -> None:
+        self.root, self.inputs, self.skip, self.excluded = root, inputs, skip, tuple(excluded)
+
+    def check(self, job: BuildJob) -> Check:
+        """What ``job``'s build must do. A unit that read a file changed by content has
+        its fingerprint removed now. A command's first build in a target dir compares
+        with another command's record there; without a record it can trust (none, torn,
+        of another version), every unit that read the project is forced. The record stays
+        until the next good build replaces it, with this build's look as an attempt: a
+        failed or stopped build may have compiled what it saw, so the next build compares
+        with both."""
+        inputs = self.inputs(job)
+        if not self.skip:
+            inputs = attrs.evolve(inputs, identity=None)
+        path = record_file(self.root, job)
+        record = read_record(path)
+        identity = inputs.identity
+        if record is None and not path.exists():  # this command's first build here
+            record, identity = self.nearest(job), None
+        units: Mapping[str, tuple[str, ...]]
+        if record is None or record.attempt is not None:  # what the target dir holds now too
+            units = {**self.units(job, inputs), **(record.units if record else {})}
+            record = attrs.evolve(record, units=units) if record else None
+        else:
+            units = record.units
+        look, whole = self.look(job, inputs, record.look if record else None, named(units))
+        if not whole:
+            inputs = attrs.evolve(inputs, identity=None)
+        if record is None:  # every unit that read the project: what it read is not known
+            found = Verdict(False, tuple(sorted(unit for unit, paths in units.items() if paths)))
+        else:
+            found = verdict(record, identity, look, _entry(self.root / job.built_binary))
+        if not found.fresh:
+            if record is not None and path.exists():  # until this build ends well
+                attempt = attrs.evolve(record, attempt=_union(record.attempt, look))
+                with contextlib.suppress(FdlError):
+                    write_atomically(path, attempt.to_json())
+            self.force(job, found.forced)
+        return Check(found, look, inputs)
+
+    def nearest(self, job: BuildJob) -> BuildRecord | None:
+        """The newest record another command's good build left in ``job``'s target dir:
+        the units they share were built from what it read (so a second command
+        compiles only what it adds)."""
+        found = [
+            record
+            for path in (self.root / job.target_dir).glob(RECORD_NAME.format("*"))
+            if (record := read_record(path)) is not None
+        ]
+        return max(found, key=lambda record: record.look.taken_ns, default=None)
+
+    def force(self, job: BuildJob, units: Sequence[str]) -> None:
+        """Remove these units' fingerprints in ``job``'s target dir: cargo rebuilds them.
+        A build script's run takes its package's other units with it: cargo decides their
+        freshness before the script reruns, and a run whose fingerprint is gone is not
+        seen as newer than them (checked with cargo 1.95)."""
+        target = self.root / job.target_dir
+        for unit in units:
+            fingerprint = target / unit
+            if fingerprint.parent.name != ".fingerprint":
+                continue
+            doomed = [fingerprint]
+            if any(fingerprint.glob("run-build-script-*")):
+                package = fingerprint.name.rpartition("-")[0]
+                doomed += [
+                    sibling
+                    for sibling in fingerprint.parent.iterdir()
+                    if sibling.name.rpartition("-")[0] == package
+                ]
+            for path in doomed:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def record(self, job: BuildJob, check: Check) -> None:
+        """After a build that succeeded: its record, from the look taken
+        before cargo ran and what its units named after it."""
+        binary = _entry(self.root / job.built_binary)
+        if binary is None:
+            return
+        units = self.units(job, check.inputs)
+        after, _ = self.look(job, check.inputs, check.look, named(units))
+        look = as_read(check.look, after)
+        record = BuildRecord(check.inputs.identity, look, units, binary)
+        with contextlib.suppress(FdlError):  # no record only costs the next build a rebuild
+            write_atomically(record_file(self.root, job), record.to_json())
+
+    def look(
+        self, job: BuildJob, inputs: RecordInputs, previous: Snapshot | None, reads: set[str]
+    ) -> tuple[Snapshot, bool]:
+        """The look at what ``job``'s build reads (``reads``: what its units named), and
+        whether it saw all of it (else cargo must run)."""
+        root = posixpath.normpath(str(self.root))
+        plan, whole = self.plan(job, inputs, root, reads)
+        # A walk skips a target/ beside any Cargo.toml by itself.
+        excluded = {posixpath.join(root, "target"), *self.excluded}
+        scope = Scope(root, (), excluded=tuple(sorted(excluded)))
+        variant = libtorch_dir(root, job.build.arch)
+        mounted = [t for t in plan.recursive if t != root and t not in reads]
+        read_trees = [t for t in plan.recursive if t in reads]
+
+        def counts(path: str) -> bool:
+            """Read by content: what a unit named and the project's sources; never the
+            variant (its libraries run to gigabytes: its stat decides)."""
+            if under(path, variant):
+                return False
+            if path in reads or any(under(path, t) for t in read_trees):
+                return True
+            return not any(under(path, t) for t in mounted) and scope.classify(path) is not None
+
+        def unnamed(path: str) -> bool:
+            """A file changed in the last seconds, which this build may be the first to
+            read: its content as the build starts (the variant apart)."""
+            return not under(path, variant)
+
+        clock = _clock_ns(self.root / job.target_dir)
+        look = scan(plan, scope, previous, clock, counts, keep=reused_digest, racy_counts=unnamed)
+        return look, whole
+
+    def plan(
+        self, job: BuildJob, inputs: RecordInputs, root: str, reads: set[str]
+    ) -> tuple[WatchPlan, bool]:
+        """The trees walked and the directories listed; ``False`` when a mount cannot be
+        looked at whole (too big, missing): the build then always runs cargo."""
+        whole = True
+        trees = {root, libtorch_dir(root, job.build.arch)}
+        flat: set[str] = set()
+        for source in inputs.walked:
+            if os.path.isfile(source):
+                flat.add(posixpath.dirname(source))
+            elif _walkable(source):
+                trees.add(posixpath.normpath(source))
+            else:
+                whole = False
+        for home in inputs.rustup:
+            found = _rustup_dirs(home)
+            whole = whole and found is not None
+            flat |= found or set()
+        trees |= {p for p in reads if os.path.isdir(p)}  # cargo looks inside, at any depth
+        # Listed even inside a tree: a walk skips hidden and tool directories.
+        flat |= {posixpath.dirname(p) for p in reads if not os.path.isdir(p)}
+        return WatchPlan(tuple(sorted(trees)), tuple(sorted(flat - trees))), whole
+
+    def units(self, job: BuildJob, inputs: RecordInputs) -> dict[str, tuple[str, ...]]:
+        """Each fingerprint directory of ``job``'s target dir (relative to it) and the
+        files on the controller its unit read, as the last build left them."""
+        target = self.root / job.target_dir
+        cross = job.build.cross
+        profiles = [PROFILE_DIR] + ([f"{cross.target}/{PROFILE_DIR}"] if cross else [])
+        workspace = _workspace_root(self.root / job.build.crate_dir, self.root)
+        packages = package_dirs(posixpath.normpath(str(self.root)))
+        variant = libtorch_dir(str(self.root), job.build.arch)
+        mounts = inputs.mounts or ((str(self.root), str(self.root)),)
+
+        def placed(path: str, base: Sequence[str]) -> list[str]:
+            if not path.startswith("/"):
+                return [posixpath.normpath(posixpath.join(b, path)) for b in base]
+            found = _controller_path(path, mounts, variant)
+            return [found] if found else []
+
+        units: dict[str, tuple[str, ...]] = {}
+        for profile in profiles:
+            directory = target / profile
+            dep_infos = _dep_infos_by_hash(directory)
+            try:
+                fingerprints = sorted(os.scandir(directory / ".fingerprint"), key=lambda e: e.name)
+            except OSError:
+                continue
+            for fingerprint in fingerprints:
+                package, _, digest = fingerprint.name.rpartition("-")
+                paths: list[str] = []
+                for dep_info in dep_infos.get(digest, ()):
+                    for raw in dep_info_paths(text_or_empty(dep_info)):
+                        paths += placed(raw, [workspace])
+                for run in Path(fingerprint.path).glob("run-build-script-*.json"):
+                    declared = rerun_paths(text_or_empty(run))
+                    homes = packages.get(package, [])
+                    if declared is None:
+                        paths += [f for home in homes for f in walk_files(home, home)]
+                    for raw in declared or ():
+                        paths += placed(raw, homes)
+                units[f"{profile}/.fingerprint/{fingerprint.name}"] = tuple(dict.fromkeys(paths))
+        return units
+
+
+def _union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
+    """The attempts' looks together: a file that differs from any of them is a change
+    (an entry of the earlier attempt stays where the two differ)."""
+    if earlier is None:
+        return look
+    entries = {**look.entries, **earlier.entries}
+    return Snapshot(entries, earlier.dirs | look.dirs, look.trees, look.taken_ns)
+
+
+def _dep_infos_by_hash(profile: Path) -> dict[str, list[str]]:
+    """rustc's dep-info files of a profile directory, by the unit hash that ends their
+    name (``deps/<crate>-<hash>.d``, ``build/<pkg>-<hash>/build_script_build-<hash>.d``)."""
+    found: dict[str, list[str]] = {}
+    candidates = [*profile.glob("deps/*.d"), *profile.glob("build/*/*.d")]
+    for path in candidates:
+        found.setdefault(path.stem.rpartition("-")[2], []).append(str(path))
+    return found
+
+
+def _workspace_root(crate_dir: Path, root: Path) -> str:
+    """Where cargo runs rustc from (the paths of dep-info are relative to it): the
+    nearest directory up to the project root whose ``Cargo.toml`` has ``[workspace]``,
+    else the nearest one with a ``Cargo.toml`` (the crate's package)."""
+    directory, package = posixpath.normpath(str(crate_dir)), None
+    while under(directory, str(root)):
+        manifest = text_or_empty(posixpath.join(directory, "Cargo.toml"))
+        if "[workspace]" in manifest:
+            return directory
+        package = package or (directory if manifest else None)
+        if directory == posixpath.dirname(directory):
+            break
+        directory = posixpath.dirname(directory)
+    return package or posixpath.normpath(str(crate_dir))
+
+
+def _controller_path(
+    path: str, mounts: Sequence[tuple[str, str | None]], variant: str
+) -> str | None:
+    """``path`` as the build saw it, on the controller: through the most specific mount,
+    as Docker resolves it (``None`` mount: the build's variant); ``None`` for what only
+    the image holds (its id is in the identity)."""
+    for inside, outside in sorted(mounts, key=lambda m: len(m[0]), reverse=True):
+        if under(path, inside):
+            rest = path[len(inside) :].lstrip("/")
+            return posixpath.normpath(posixpath.join(outside or variant, rest))
+    return None
+
+
+def _walkable(source: str) -> bool:
+    """A user mount to walk whole: it must exist and hold at most :data:`MOUNT_BUDGET`
+    files (a look costs a stat per file)."""
+    if not os.path.isdir(source):
+        return False
+    return sum(1 for _ in walk_files(source, source, MOUNT_BUDGET + 1)) <= MOUNT_BUDGET
+
+
+def _rustup_dirs(home: str) -> set[str] | None:
+    """What ``rustup`` rewrites when it installs or updates a toolchain: the home's
+    ``settings.toml``, ``update-hashes/<toolchain>`` and each toolchain's channel
+    manifest (``toolchains/<toolchain>/lib/rustlib/``); ``None`` when not found."""
+    toolchains = posixpath.join(home, "toolchains")
+    try:
+        with os.scandir(toolchains) as found:
+            rustlibs = {posixpath.join(e.path, "lib", "rustlib") for e in found if e.is_dir()}
+    except OSError:
+        return None
+    return {home, posixpath.join(home, "update-hashes"), toolchains, *rustlibs}
+
+
+def _entry(path: Path) -> Entry | None:
+    try:
+        return entry_of(path.stat())
+    except OSError:
+        return None
+
+
+def _clock_ns(target_dir: Path) -> int:
+    """The file systems' clock: the earlier of this machine's and the time of the marker
+    the build has just rewritten (an earlier clock makes more files too recent to trust,
+    never fewer). A mount of another server whose clock runs behind both is not known."""
+    now = time.time_ns()
+    try:
+        return min(now, (target_dir / MARKER_FILE).stat().st_mtime_ns)
+    except OSError:
+        return now
+
+
+# ---------------------------------------------------------------------------- provenance
+
+
+
+
+
+

@@ -1,0 +1,69 @@
+"""The controller's side of readiness: everything a prebuild refuses before building, asked
+once, by preflight and by the runs that make none (a watch cycle, ``build-host``).
+
+Thin I/O over :mod:`fdl_tasks.build.readiness` (the words) and the backend's own
+check (the build tool, its daemon and images, a native cross target's ``std``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from fdl_tasks.gpu.auto_arch import AUTO
+from fdl_tasks.build.backends.protocol import Backend
+from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob
+from fdl_tasks.build.build_plan import plan_environments
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.config.model import Worker
+from fdl_tasks.build.readiness import NOTHING_BUILT, root_missing, variants_missing
+from fdl_tasks.config.variants import libtorch_dir
+
+
+def variant_problem(root: Path, environments: Mapping[str, BuildEnvironment]) -> str | None:
+    """Each host's variant ``<controller.path>/libtorch/<arch>/lib`` present, else which not."""
+    libs = {e.arch: f"{libtorch_dir(str(root), e.arch)}/lib" for e in environments.values()}
+    present = {arch: Path(lib).is_dir() for arch, lib in libs.items()}
+    absent = ((h, e.arch, libs[e.arch]) for h, e in environments.items() if not present[e.arch])
+    return variants_missing(absent)
+
+
+def environment_problems(
+    root: Path, backend: Backend, environments: Mapping[str, BuildEnvironment]
+) -> list[str]:
+    """The variants, then the backend's tools and images for these build environments."""
+    problems = [p for p in [variant_problem(root, environments)] if p]
+    try:
+        backend.check(list(environments.values()))
+    except FdlError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def controller_problems(
+    root: Path,
+    source: str,
+    backend: Backend,
+    workers: Iterable[Worker],
+    cpu_archs: Mapping[str, str],
+) -> list[str]:
+    """Preflight's controller checks, each problem a line: ``controller.path``, then each
+    build environment of the workers with an arch (``auto`` ones are chosen later)."""
+    if not root.is_dir():
+        return [root_missing(str(root), source)]
+    chosen = [w for w in workers if w.arch is not None and w.arch != AUTO]
+    if not chosen:
+        return []
+    try:
+        environments = plan_environments(chosen, backend, cpu_archs)
+    except FdlError as exc:
+        return [str(exc)]
+    return environment_problems(root, backend, environments)
+
+
+def require_ready(root: Path, backend: Backend, jobs: Sequence[BuildJob]) -> None:
+    """The same checks for a run that makes no preflight: refuse with every problem."""
+    environments = {host: job.build.environment for job in jobs for host in job.hosts}
+    problems = environment_problems(root, backend, environments)
+    if problems:
+        raise FdlError("\n".join(problems) + f"\n{NOTHING_BUILT}")

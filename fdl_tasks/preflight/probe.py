@@ -1,0 +1,304 @@
+"""The preflight probe: the shell script sent to each host, its parsing, the verdicts.
+
+Pure logic; :mod:`fdl_tasks.ssh.remote` carries the script over ssh. One script
+per host answers everything in one round trip, as ``key=value`` lines
+between markers so that a login banner or a chatty shell rc cannot confuse
+the parser.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Literal
+
+import attrs
+
+from fdl_tasks.config.model import DEFAULT_DATA_PATH, Controller, Worker
+from fdl_tasks.gpu.gpu_probe import GPU_FACT_LINES, gpu_report
+from fdl_tasks.gpu.gpus import GpuReport
+from fdl_tasks.preflight.host_paths import KEYS, HostPaths
+from fdl_tasks.preflight.nccl import (
+    HEADER_KEY,
+    LIB_KEY,
+    SYSTEM_KEY,
+    NcclSources,
+    NcclVersion,
+    parse_nccl,
+)
+from fdl_tasks.preflight.unmet_versions import (
+    UNMET_KEY,
+    UnmetVersion,
+    VariantLibraries,
+    parse_unmet,
+)
+
+Status = Literal["ok", "warning", "error"]
+DataState = Literal["ok", "missing", "unreadable"]
+
+BEGIN, END = "--fdl-probe-begin--", "--fdl-probe-end--"
+_GLIBC = re.compile(r"(?:glibc|gnu libc)[^\n]*?(\d+)\.(\d+)", re.IGNORECASE)
+#: Shell lines answering the host's CPU architecture (``cpu_arch=``) and libc (``libc=``),
+#: asked by the probe and by delivery verification alike.
+HOST_FACT_LINES = (
+    "printf 'cpu_arch=%s\\n' \"$(uname -m 2>/dev/null)\"",
+    "printf 'libc=%s\\n' \"$(ldd --version 2>&1 | head -n 2 | tr '\\n' ' ')\"",
+)
+
+
+def glibc_version(libc: str | None) -> tuple[int, int] | None:
+    """``ldd --version``'s first lines → glibc's (major, minor); ``None`` for another libc."""
+    match = _GLIBC.search(libc or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+@attrs.frozen
+class ProbeRequest:
+    """What to ask one host; hosts with equal requests share one Fabric group."""
+
+    data_path: str
+    data_declared: bool
+    abi: bool
+    #: A remote host's own directories (``None``: the controller, checked apart).
+    paths: HostPaths | None = None
+    #: With ``abi``, a remote host's variant, once known: can its shared objects load?
+    variant: VariantLibraries | None = None
+    #: With ``abi``, where a remote NVIDIA host's NCCL is read, once its variant is known.
+    nccl: NcclSources | None = None
+
+    @classmethod
+    def for_host(
+        cls, host: Worker | Controller, abi: bool, crate: str | None = None, source: str = ""
+    ) -> ProbeRequest:
+        """``crate``: the command's crate dir, once known; ``source``: the cluster file."""
+        declared = host.data_path is not None
+        paths = HostPaths.for_worker(host, crate, source) if isinstance(host, Worker) else None
+        worker = host if abi and isinstance(host, Worker) else None
+        variant = VariantLibraries.for_worker(worker) if worker else None
+        nccl = NcclSources.for_worker(worker) if worker else None
+        return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, paths, variant, nccl)
+
+    def script(self) -> str:
+        """POSIX sh that always exits 0 and prints every fact between the markers."""
+        path = shlex.quote(self.data_path)
+        lines = [
+            f"echo {BEGIN}",
+            f"if [ -d {path} ]; then if [ -r {path} ] && [ -x {path} ]; then echo data=ok; "
+            "else echo data=unreadable; fi; else echo data=missing; fi",
+        ]
+        if self.paths is not None:
+            lines += self.paths.lines()
+        if self.abi:
+            lines += [
+                *HOST_FACT_LINES,
+                "if command -v pkill >/dev/null 2>&1; then echo pkill=yes; else echo pkill=no; fi",
+                *GPU_FACT_LINES,
+                *(self.variant.lines() if self.variant else ()),
+                *(self.nccl.lines() if self.nccl else ()),
+            ]
+        lines += [f"echo {END}", "exit 0"]
+        return "\n".join(lines)
+
+
+@attrs.frozen
+class ProbeFacts:
+    """What a host answered; ``None`` where it answered nothing usable."""
+
+    data: DataState | None
+    cpu_arch: str | None = None
+    libc: str | None = None
+    pkill: bool | None = None
+    gpus: GpuReport | None = None
+    #: Which of the host's own directories (:data:`host_paths.KEYS`) are missing.
+    missing: frozenset[str] = frozenset()
+    #: What the variant's shared objects need that the host's libraries lack.
+    unmet: tuple[UnmetVersion, ...] = ()
+    #: The NCCL its variant brings (``None``: not asked, none, or not found).
+    nccl: NcclVersion | None = None
+
+    @property
+    def musl(self) -> bool:
+        return self.libc is not None and "musl" in self.libc.lower()
+
+    @property
+    def glibc(self) -> tuple[int, int] | None:
+        return glibc_version(self.libc)
+
+
+@attrs.frozen
+class Answers:
+    """A host's ``key=value`` answers, in order (a key may come several times)."""
+
+    pairs: tuple[tuple[str, str], ...]
+
+    def get(self, key: str) -> str | None:
+        """The first answer to ``key`` (``None`` if it never came)."""
+        return next((value for k, value in self.pairs if k == key), None)
+
+    def every(self, key: str) -> tuple[str, ...]:
+        return tuple(value for k, value in self.pairs if k == key)
+
+
+def marked_answers(stdout: str) -> Answers | None:
+    """The ``key=value`` lines between the markers; ``None`` if a marker is missing.
+
+    Whatever a login banner or a chatty shell rc prints around them is ignored.
+    """
+    if BEGIN not in stdout or END not in stdout:
+        return None
+    body = stdout.split(BEGIN, 1)[1].split(END, 1)[0]
+    split = (line.partition("=") for line in body.splitlines())
+    return Answers(tuple((key, value.strip()) for key, equals, value in split if equals))
+
+
+def parse_facts(stdout: str) -> ProbeFacts | None:
+    """The facts between the markers; ``None`` if the probe's output is incomplete."""
+    answers = marked_answers(stdout)
+    if answers is None:
+        return None
+    data, pkill = answers.get("data"), answers.get("pkill")
+    return ProbeFacts(
+        data=data if data in ("ok", "missing", "unreadable") else None,  # type: ignore[arg-type]
+        cpu_arch=answers.get("cpu_arch") or None,
+        libc=answers.get("libc") or None,
+        pkill=None if pkill is None else pkill == "yes",
+        gpus=gpu_report(answers),
+        missing=frozenset(key for key in KEYS if answers.get(key) == "missing"),
+        unmet=parse_unmet(answers.every(UNMET_KEY)),
+        nccl=parse_nccl(*(answers.every(key) for key in (LIB_KEY, HEADER_KEY, SYSTEM_KEY))),
+    )
+
+
+@attrs.frozen
+class BuildEnvironment:
+    """The controller side of the ABI gate: where the shipped binary is built.
+
+    ``cross`` holds the CPU architectures the controller can also build for.
+    """
+
+    cpu_arch: str
+    glibc: tuple[int, int] | None
+    cross: frozenset[str] = frozenset()
+
+
+@attrs.frozen
+class Verdict:
+    """One host's preflight result."""
+
+    host: str
+    status: Status
+    errors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    facts: ProbeFacts | None = None
+    data_path: str = ""
+    local: bool = False
+    #: What could not be checked: reported, never changing the status.
+    notes: tuple[str, ...] = ()
+    #: The GPU coverage verdict (:class:`fdl_tasks.gpu.coverage.Coverage` as JSON), once judged.
+    coverage: dict[str, object] | None = None
+    #: The arch ``arch: auto`` chose for the host.
+    arch: str | None = None
+    #: Why the host could not be asked: an ssh failure's kind (``outcomes.Kind``'s value).
+    failure: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        facts = self.facts
+        return {
+            "host": self.host,
+            "status": self.status,
+            "local": self.local,
+            "errors": list(self.errors),
+            "warnings": list(self.warnings),
+            "data_path": self.data_path,
+            "data": facts.data if facts else None,
+            "cpu_arch": facts.cpu_arch if facts else None,
+            "libc": facts.libc if facts else None,
+            "pkill": facts.pkill if facts else None,
+            "gpus": facts.gpus.to_json()["gpus"] if facts and facts.gpus else None,
+            "gpu_tools": list(facts.gpus.tools) if facts and facts.gpus else None,
+            "nccl": str(facts.nccl) if facts and facts.nccl else None,
+            "coverage": self.coverage,
+            "arch": self.arch,
+            "notes": list(self.notes),
+            "failure": self.failure,
+        }
+
+
+def _version(v: tuple[int, int]) -> str:
+    return f"{v[0]}.{v[1]}"
+
+
+def judge(
+    host: str,
+    request: ProbeRequest,
+    facts: ProbeFacts | None,
+    build: BuildEnvironment,
+    *,
+    local: bool = False,
+    pinned: str | None = None,
+) -> Verdict:
+    """Apply SPEC's preflight policy to what one host answered."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    notes: list[str] = []
+    path = request.data_path
+    if facts is None or facts.data is None:
+        warnings.append("the probe gave no usable answer; checks skipped")
+    elif facts.data == "missing" and request.data_declared:
+        errors.append(f"declared data_path {path} is missing (is the shared mount up?)")
+    elif facts.data == "missing":
+        notes.append(default_data_note(path))
+    elif facts.data == "unreadable":
+        errors.append(f"data_path {path} exists but is not readable by the login user")
+    if request.paths is not None and facts is not None:
+        errors += request.paths.errors(host, facts.missing)
+    if request.abi and facts is not None:
+        _abi_gate(facts, build, pinned, errors, warnings)
+    if request.variant is not None and facts is not None and facts.unmet:
+        errors.append(request.variant.error(facts.unmet))
+    status: Status = "error" if errors else "warning" if warnings else "ok"
+    return Verdict(host, status, tuple(errors), tuple(warnings), facts, path, local, tuple(notes))
+
+
+def default_data_note(path: str) -> str:
+    """A host declaring no ``data_path`` lacks the convention default: harmless without
+    shared storage (flodl warns), so a note, said once for all such hosts."""
+    return f"default data_path {path} is missing (fine without shared storage)"
+
+
+def _abi_gate(
+    facts: ProbeFacts,
+    build: BuildEnvironment,
+    pinned: str | None,
+    errors: list[str],
+    warnings: list[str],
+) -> None:
+    cpu_arch = pinned or facts.cpu_arch
+    if pinned and facts.cpu_arch and pinned != facts.cpu_arch:
+        errors.append(f"cpu_arch pins {pinned}, but 'uname -m' says {facts.cpu_arch}")
+    elif cpu_arch is None:
+        warnings.append("'uname -m' gave no answer: CPU architecture not checked")
+    elif cpu_arch != build.cpu_arch and cpu_arch not in build.cross:
+        errors.append(
+            f"CPU architecture {cpu_arch} differs from the build environment's "
+            f"{build.cpu_arch} and controller.cross has no entry for {cpu_arch}: add "
+            f"'cross: {{{cpu_arch}: {{}}}}' under controller (with an 'image:' or "
+            "'service:' that can cross-build, in Docker) to build it its own binary"
+        )
+    if facts.musl:
+        errors.append("musl libc: the build images are glibc-based, the binary cannot run there")
+    elif facts.glibc is None:
+        warnings.append(f"libc not recognised ({facts.libc or 'no answer from ldd --version'})")
+    elif build.glibc is not None and facts.glibc < build.glibc:
+        warnings.append(
+            f"glibc {_version(facts.glibc)} is older than the build environment's "
+            f"{_version(build.glibc)}: the binary's real needs are checked after "
+            "the build"
+        )
+    if facts.pkill is False:
+        warnings.append("pkill not found: orphan clean-up after a failed run is degraded")
+
+
+def unreachable(host: str, request: ProbeRequest, reason: str) -> Verdict:
+    """A probe never makes things worse than no probe: unreachable is a warning."""
+    return Verdict(host, "warning", (), (f"unreachable: {reason}",), None, request.data_path)

@@ -1,0 +1,301 @@
+"""The prebuild pipeline: preflight, builds, verification, publication.
+
+Tasks call these with a :class:`~fdl_tasks.config.run.Run`; each step reports
+progress through ``run.report`` and raises :class:`FdlError` with every
+problem of its step together (:class:`~fdl_tasks.core.errors.Stopped` when the
+user stops it). Results are returned; the task writes the process
+environment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+import fdl_tasks.publish.envelope as envelope
+from fdl_tasks.build.backends.protocol import Backend
+from fdl_tasks.build.backends.registry import backend_for
+from fdl_tasks.build.build_environment import BuildJob
+from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.build.build_step import run_backend, run_builds
+from fdl_tasks.build.builder import JobResult
+from fdl_tasks.build.readiness import NOTHING_BUILT, crate_missing, root_missing
+from fdl_tasks.build.readiness_io import require_ready, variant_problem
+from fdl_tasks.config.layout import LOCK_FILE
+from fdl_tasks.config.model import Worker
+from fdl_tasks.config.names import check_crate_dir
+from fdl_tasks.config.run import Run
+from fdl_tasks.core.atomic_files import remove_partials
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.locks import project_lock
+from fdl_tasks.core.reporting import Severity
+from fdl_tasks.gpu.auto_arch import AUTO
+from fdl_tasks.preflight.gpu_gate import with_chosen_archs
+from fdl_tasks.preflight.login_verdicts import preflight_error
+from fdl_tasks.preflight.preflight import cross_cpu_archs, dry_run_lines, run_preflight
+from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.preflight.probe_report import note_lines, report_lines
+from fdl_tasks.publish.delivery_io import copy_step
+from fdl_tasks.publish.envelope import PerHostEnvelope
+from fdl_tasks.publish.freshness import write_sources
+from fdl_tasks.publish.verification_io import (
+    Delivery,
+    require_one_reached,
+    require_verification_possible,
+    verify_hosts,
+)
+from fdl_tasks.ssh.remote import Fleet
+from fdl_tasks.timings.recording import step
+
+
+@attrs.frozen(kw_only=True)
+class Published:
+    """What a successful prebuild published, and what it verified."""
+
+    command: str
+    entries: Mapping[str, PerHostEnvelope]
+    text: str
+    path: Path
+    results: tuple[JobResult, ...]
+    delivery: Delivery | None
+    #: The preflight verdicts the builds were planned from (this run's, or those handed in).
+    verdicts: tuple[Verdict, ...] = ()
+
+
+def skip_final_collection() -> None:
+    """At exit, leave out the interpreter's last full garbage collection.
+
+    It walks every object the run imported or made (Invoke, Fabric, paramiko,
+    the Docker SDK, pyelftools): 86-164 ms here, 11-16 ms once they are frozen,
+    and all of it after the envelope is published. Registered at exit only, so
+    a task composed after this one collects as usual; the memory goes back
+    with the process. Registering twice registers once.
+    """
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
+
+
+def report_preflight(
+    run: Run, verdicts: Sequence[Verdict], as_json: bool, *, building: bool = False
+) -> None:
+    """Problems, the notes not said already (:meth:`Run.notes_to_say`) and a summary; an
+    error on any host stops everything (before any build, said when ``building``)."""
+    notes = run.notes_to_say("preflight", note_lines(verdicts))
+    for line, severity in report_lines(verdicts, notes):
+        run.report(line, severity)
+    if as_json:
+        print(json.dumps([v.to_json() for v in verdicts], indent=2))
+    failed = [v for v in verdicts if v.status == "error"]
+    if failed:
+        then = f"; {NOTHING_BUILT}" if building else ""
+        raise preflight_error(failed)(
+            f"preflight found errors on {', '.join(v.host for v in failed)}{then}"
+        )
+
+
+def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
+    """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``): every
+    host's verdict (none under --dry)."""
+    skip_final_collection()
+    run.note_unlisted_controller()
+    if run.dry:
+        for line in dry_run_lines(run, abi=abi):
+            run.report(line)
+        return []
+    backend = backend_for(run.cluster, secrets.token_hex(4), None)  # checks only: no cache
+    with Fleet(run.remotes, run.settings, run.report) as fleet:
+        verdicts = run_preflight(run, fleet, backend, abi=abi)
+    report_preflight(run, verdicts, as_json)
+    return verdicts
+
+
+def resolve_crate_dir(run: Run, option: str | None, command: str) -> str:
+    """Option, else setting, else ``<root>/<command>`` when it is a crate, else the root."""
+    chosen = option if option is not None else run.settings.crate_dir
+    source = run.cluster.source
+    if not run.root.is_dir():
+        raise FdlError(root_missing(str(run.root), source))
+    if chosen:
+        relative = check_crate_dir(chosen)
+    else:
+        relative = command if (run.root / command / "Cargo.toml").is_file() else ""
+    if not (run.root / relative / "Cargo.toml").is_file():
+        raise FdlError(crate_missing(str(run.root / relative), chosen, source))
+    return relative
+
+
+def plan(
+    run: Run,
+    backend: Backend,
+    workers: Sequence[Worker],
+    command: str,
+    crate: str,
+    cpu_archs: Mapping[str, str],
+) -> list[BuildJob]:
+    """The builds, and every variant they link checked on the controller before any runs."""
+    auto = [w.host for w in workers if w.arch == AUTO]
+    if auto:
+        raise FdlError(
+            f"arch: auto on {', '.join(auto)} is chosen from preflight's probe, which "
+            "inv --dry does not make: run inv prebuild, or set 'arch'"
+        )
+    shared = run.settings.shared_builds
+    jobs = plan_builds(workers, backend, command, crate, shared, cpu_archs=cpu_archs)
+    missing = variant_problem(run.root, {h: j.build.environment for j in jobs for h in j.hosts})
+    if missing:
+        raise FdlError(f"{missing}\n{NOTHING_BUILT}")
+    return jobs
+
+
+def prebuild(
+    run: Run, command: str, crate: str, *, probe: bool = True, known: Sequence[Verdict] = ()
+) -> Published | None:
+    """The whole pipeline; what it published (``None`` under --dry).
+
+    Preflight checks the controller (the variants, the build tool, its images)
+    beside the ssh probe; the builds are planned from what it found.
+    ``probe=False`` (a watch cycle) skips preflight and plans from ``known``, an earlier
+    preflight's verdicts (a host's probed CPU architecture above all), unless a host's
+    arch is ``auto``: its choice is made from the probe, so such a run always probes;
+    verification still runs, and the controller's checks too
+    (:func:`~fdl_tasks.build.readiness_io.require_ready`).
+    """
+    skip_final_collection()
+    require_verification_possible(run)
+    verdicts: Sequence[Verdict] = known
+    auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
+    probe = (probe or auto) and not run.dry
+    backend = run_backend(run)
+    run.note_unlisted_controller()
+    if run.dry:
+        jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
+        for line in dry_run_lines(run, abi=True, crate=crate):
+            run.report(line)
+        run_builds(run, backend, jobs)
+        return None
+    with Fleet(run.remotes, run.settings, run.report) as fleet:
+        if probe:
+            run, jobs, verdicts = probe_and_plan(run, fleet, backend, command, crate)
+        else:
+            jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
+            require_ready(run.root, backend, jobs)
+        published = build_and_publish(run, fleet, backend, jobs, command, crate)
+        return attrs.evolve(published, verdicts=tuple(verdicts))
+
+
+def probe_and_plan(
+    run: Run, fleet: Fleet, backend: Backend, command: str, crate: str
+) -> tuple[Run, list[BuildJob], list[Verdict]]:
+    """Preflight of the run's remote hosts, then the builds planned from what it found:
+    the CPU architectures it read, each ``arch: auto`` host's choice (the run returned
+    carries it, exactly as if written in the cluster file), checked on the controller
+    then, since preflight could not know it."""
+    verdicts = run_preflight(run, fleet, backend, abi=True, crate=crate)
+    report_preflight(run, verdicts, as_json=False, building=True)
+    require_one_reached(run, verdicts)
+    auto = any(w.arch == AUTO for w in run.remotes)
+    if auto:
+        run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
+    jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, verdicts))
+    if auto:
+        require_ready(run.root, backend, jobs)
+    return run, jobs, verdicts
+
+
+def build_and_publish(
+    run: Run, fleet: Fleet, backend: Backend, jobs: list[BuildJob], command: str, crate: str
+) -> Published:
+    """The one publish path (prebuild, build-host, each watch cycle), under the project lock:
+    read the merge base, withdraw the command's envelope, build, verify, merge, publish.
+
+    The merge base is the published envelope, read under the lock so that a run
+    publishing meanwhile is never overwritten by a stale copy: the entries of
+    current hosts these jobs do not build are kept (build-host), the others are
+    this run's. An envelope that cannot be read is an error naming the file when
+    an entry of it would be kept; when every entry is rebuilt it is replaced, saying so.
+    """
+    workers = {w.host: w for w in run.remotes}
+    envelopes = {
+        host: PerHostEnvelope.for_worker(workers[host], command, crate, job.build.cpu_arch)
+        for job in jobs
+        for host in job.hosts
+    }
+    path = envelope.published_path(run.root, command)
+    with project_lock(run.root / LOCK_FILE, run.report):
+        # What a run killed while publishing left (the lock died with it).
+        remove_partials(path)
+        for job in jobs:
+            for host in job.hosts:
+                remove_partials(run.root / job.host_binary(host))
+        kept = merge_base(run, command, set(workers) - set(envelopes))
+        # Withdraw first: if this run fails, nothing may point a launcher at
+        # binaries that are now stale.
+        envelope.withdraw(run.root, command)
+        results = run_builds(run, backend, jobs)
+        built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
+        copy_step(run, fleet, envelopes, built)  # copy hosts: upload what is missing
+        delivery = verify_hosts(run, fleet, envelopes, built) if run.settings.verify else None
+        merged = kept | envelopes
+        with step(run, "publish", command):
+            text = envelope.publish(run.root, command, merged)
+            write_sources(run.root, command, jobs, set(kept))
+    run.say(f"envelope of {command} for {len(merged)} host(s) written to {path}")
+    if not run.settings.verify:
+        run.say(
+            f"envelope of {command} published unverified (--no-verify or fdl.verify false): "
+            "no host was asked whether it sees its binary and can load it"
+        )
+    return Published(
+        command=command,
+        entries=merged,
+        text=text,
+        path=path,
+        results=tuple(results),
+        delivery=delivery,
+    )
+
+
+def merge_base(run: Run, command: str, keep: set[str]) -> dict[str, PerHostEnvelope]:
+    """The published entries of the hosts in ``keep`` (call under the project lock)."""
+    path = envelope.published_path(run.root, command)
+    try:
+        published = envelope.read_file(path)
+    except FdlError as exc:
+        if keep:
+            raise FdlError(
+                f"{exc}\nthe entries of {', '.join(sorted(keep))} would be kept from it, "
+                f"so nothing was built: fix or remove {path}, or rebuild every host "
+                f"with inv prebuild --cmd {command}"
+            ) from None
+        run.say(f"the published envelope cannot be read, replacing it: {exc}", Severity.WARNING)
+        return {}
+    return {host: entry for host, entry in (published or {}).items() if host in keep}
+
+
+def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published | None:
+    """``build-host``: one host's build, verified; its entry replaces its old one in the
+    command's envelope (the other current hosts' entries still match their binaries).
+
+    That host alone is probed first, with the controller's checks beside it, as
+    prebuild probes every host: its CPU architecture when ``cpu_arch`` does not pin
+    it, its paths, its GPUs against the variant."""
+    skip_final_collection()
+    require_verification_possible(run)
+    backend = run_backend(run)
+    alone = attrs.evolve(run, cluster=run.cluster.keeping({worker.host, run.controller}))
+    if run.dry:
+        jobs = plan(alone, backend, [worker], command, crate, cross_cpu_archs(alone))
+        run_builds(run, backend, [attrs.evolve(job, name=worker.host) for job in jobs])
+        return None
+    with Fleet([worker], run.settings, run.report) as fleet:
+        alone, jobs, _ = probe_and_plan(alone, fleet, backend, command, crate)
+        # Its entry as probed (an ``arch: auto`` chosen), the others' as they are.
+        run = attrs.evolve(run, cluster=run.cluster.replacing(alone.cluster.worker(worker.host)))
+        jobs = [attrs.evolve(job, name=worker.host) for job in jobs]
+        return build_and_publish(run, fleet, backend, jobs, command, crate)

@@ -1,0 +1,166 @@
+"""Verify delivery over the preflight fan-out, with a short retry for lagging mounts;
+what a run's verification comes to (:mod:`fdl_tasks.preflight.login_verdicts`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import attrs
+
+from fdl_tasks.config.names import join_path
+from fdl_tasks.config.run import Run
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.binary_files import file_sha256, required_glibc
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.preflight.login_verdicts import (
+    check_verified,
+    is_error,
+    login_error,
+    nothing_reached,
+)
+from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.publish.envelope import PerHostEnvelope
+from fdl_tasks.publish.verification import (
+    RemoteCopy,
+    delivery_problems,
+    parse_verification,
+    verification_script,
+)
+from fdl_tasks.ssh.outcomes import Failure
+from fdl_tasks.ssh.remote import Fleet
+from fdl_tasks.timings.recording import round_trips
+
+
+@attrs.frozen(kw_only=True)
+class Delivery:
+    """What verification found: hosts that see a runnable copy, hosts it could not
+    ask (with the reason), every problem that makes a host unable to run it, and hosts
+    whose login was refused (an error: a refused host key, a misconfigured login)."""
+
+    verified: tuple[str, ...]
+    unverified: Mapping[str, str]
+    problems: tuple[str, ...]
+    refused: Mapping[str, Failure] = attrs.field(factory=dict)
+
+    def summary(self) -> str:
+        """``2 verified, 1 not verified: node-c (unreachable: …)`` — never more than is true."""
+        text = f"{len(self.verified)} host(s) verified (same bytes, every library resolves)"
+        if self.unverified:
+            text += f", {len(self.unverified)} not verified: " + "; ".join(
+                f"{host} ({why})" for host, why in sorted(self.unverified.items())
+            )
+        return text
+
+
+def verify_delivery(
+    fleet: Fleet,
+    envelopes: Mapping[str, PerHostEnvelope],
+    built: Mapping[str, Path],
+    settings: Settings,
+    report: Callable[[str], None],
+) -> Delivery:
+    """Ask every host about its copy; unreachable hosts are counted as not verified.
+
+    ``built[host]`` is the binary cargo produced for that host's build: each
+    distinct build is hashed and parsed once, however many hosts share it,
+    and every host's own copy must match it. That reading (pyelftools' import
+    and parse, ~70 ms here) runs beside the first round trip, which waits on
+    the hosts anyway.
+    """
+    scripts = {h: verification_script(fleet.workers[h].path, e) for h, e in envelopes.items()}
+    copies: dict[str, RemoteCopy] = {}
+    unverified: dict[str, str] = {}
+    refused: dict[str, Failure] = {}
+    pending = set(envelopes)
+    with ThreadPoolExecutor(1) as side:
+        reading = side.submit(_read_binaries, set(built.values()))
+        first = fleet.run({h: scripts[h] for h in sorted(pending)}, settings.probe_timeout)
+        digests, needs = reading.result()
+    expected = {h: digests[built[h]] for h in envelopes}
+    needed = {h: needs[built[h]] for h in envelopes}
+    for attempt in range(settings.verify_retries + 1):
+        if attempt:
+            time.sleep(settings.verify_retry_delay)
+        outcomes = (
+            fleet.run({h: scripts[h] for h in sorted(pending)}, settings.probe_timeout)
+            if attempt
+            else first
+        )
+        for host, outcome in outcomes.items():
+            if isinstance(outcome, Failure) and is_error(outcome.kind, settings.ssh_login_errors):
+                refused[host] = outcome
+                pending.discard(host)
+                continue
+            copy = None if isinstance(outcome, Failure) else parse_verification(outcome.stdout)
+            if copy is None:
+                reason = outcome.reason if isinstance(outcome, Failure) else "no usable answer"
+                report(f"verify: {host} not verified: {reason}")
+                unverified[host] = reason
+                pending.discard(host)
+                continue
+            copies[host] = copy
+            if copy.sha256 == expected[host]:
+                pending.discard(host)
+        if not pending:
+            break
+    problems = []
+    verified = []
+    for host, copy in sorted(copies.items()):
+        path = join_path(fleet.workers[host].path, envelopes[host].bin)
+        found = delivery_problems(host, path, copy, expected[host], needed[host])
+        problems += found
+        if not found:
+            verified.append(host)
+    return Delivery(
+        verified=tuple(verified), unverified=unverified, problems=tuple(problems), refused=refused
+    )
+
+
+def verify_hosts(
+    run: Run, fleet: Fleet, envelopes: dict[str, PerHostEnvelope], built: dict[str, Path]
+) -> Delivery:
+    """Every reachable host must run its binary; a refused login is an error; a host
+    down is a warning, unless no host was reached or ``fdl.require_verified`` is all."""
+    with round_trips(run, fleet, "verify"):
+        delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
+    if delivery.refused:
+        raise login_error(delivery.refused, "delivery verification")
+    if delivery.problems:
+        raise FdlError(
+            "delivery verification failed; no envelope was published.\n"
+            + "\n".join(f"  {p}" for p in delivery.problems)
+        )
+    run.report(f"verify: {delivery.summary()}")
+    check_verified(len(delivery.verified), delivery.unverified, run.settings.require_verified)
+    return delivery
+
+
+def require_verification_possible(run: Run) -> None:
+    """``--require-verified`` with ``--no-verify`` would publish what nobody verified."""
+    if run.settings.require_verified == "all" and not run.settings.verify:
+        raise FdlError(
+            "fdl.require_verified (--require-verified) needs verification, but it is off "
+            "(--no-verify or fdl.verify false): choose one"
+        )
+
+
+def require_one_reached(run: Run, verdicts: Sequence[Verdict]) -> None:
+    """No remote host answered preflight: verification could reach none, so build nothing
+    (unless ``fdl.require_verified`` is none, or verification is off)."""
+    remotes = [w.host for w in run.remotes]
+    if run.settings.verify and nothing_reached(verdicts, remotes):
+        failed = {v.host: v.warnings[0] if v.warnings else "" for v in verdicts if v.failure}
+        check_verified(0, failed, run.settings.require_verified, published=False)
+
+
+def _read_binaries(
+    sources: Collection[Path],
+) -> tuple[dict[Path, str], dict[Path, tuple[int, int] | None]]:
+    """Each built binary's sha256 and the highest glibc it needs."""
+    return (
+        {source: file_sha256(source) for source in sources},
+        {source: required_glibc(source) for source in sources},
+    )

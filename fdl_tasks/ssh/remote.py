@@ -1,0 +1,298 @@
+"""Fabric connections to the workers: one per host, kept open for a whole task.
+
+Each worker's ``ssh.options`` become an ssh_config block placed before the
+user's own ``~/.ssh/config`` and the system's ``/etc/ssh/ssh_config``, so
+Fabric applies them as OpenSSH would (first value wins). Host keys, each host's
+``StrictHostKeyChecking``, known_hosts files (:mod:`fdl_tasks.ssh.known_hosts_io`) and
+``ConnectTimeout`` (its connect, banner and auth) are as OpenSSH has them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import fabric
+import paramiko
+from fabric.exceptions import GroupException
+from fabric.runners import Remote
+
+from fdl_tasks.config.model import Worker
+from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.console import TextSink
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.reporting import Report, Severity
+from fdl_tasks.ssh.known_hosts_io import KnownHostsView, SharedHostKeys, explain_refusal
+from fdl_tasks.ssh.login_facts import Identity, greet, load_identity, login_of, quiet_paramiko
+from fdl_tasks.ssh.outcomes import Failure, Outcome, Reply
+from fdl_tasks.ssh.ssh_failures import describe_failure, key_file_failure, wants_greeting
+from fdl_tasks.ssh.sshconfig import host_key_options, read_config, ssh_config_block
+
+
+class FleetRemote(Remote):  # type: ignore[misc]
+    """Fabric's runner, woken by the channel's exit status instead of polling.
+
+    ``Runner.wait`` sleeps ``input_sleep`` between checks, in every group
+    thread at once: at hundreds of hosts the 10 ms default is GIL churn, and a
+    longer sleep adds its length to every round trip. Waiting on paramiko's
+    ``status_event`` ends the wait as soon as the command has exited; the
+    50 ms bound still notices dead reader threads.
+    """
+
+    input_sleep = 0.05
+
+    def wait(self) -> None:
+        while not (self.process_is_finished or self.has_dead_threads):
+            self.channel.status_event.wait(self.input_sleep)
+
+
+class _Hop(NamedTuple):
+    """One connection on the way to a worker (the worker itself, or a ProxyJump hop)."""
+
+    connection: fabric.Connection
+    name: str  # as known_hosts names it: host, or [host]:port
+    view: KnownHostsView
+    what: str  # "" for the worker itself, "jump host " for a hop
+
+
+class Fleet:
+    """Fabric connections to some workers; commands fan out in ThreadingGroups.
+
+    Hosts that get the same script share one group, and groups run
+    concurrently, so a whole fan-out costs one round trip of the slowest host.
+    Handshakes run ``settings.ssh_window`` at a time: a host's connect, banner
+    and auth clocks start when its own attempt starts, so hosts waiting their
+    turn are never charged for the controller's queue; each host's budget is
+    its own ``ConnectTimeout``, else ``settings.connect_timeout``. What is the
+    same for every host (each known_hosts file, parsed once; one Fabric config
+    per distinct ssh_config block; the loaded identity) is built once.
+    """
+
+    def __init__(self, workers: Iterable[Worker], settings: Settings, report: Report) -> None:
+        quiet_paramiko()
+        self.settings = settings
+        self.report = report
+        self.workers: dict[str, Worker] = {w.host: w for w in workers}
+        self.failed: dict[str, Failure] = {}
+        #: Every round trip so far: host, start, end (monotonic), whether it ran (``--timings``).
+        self.rounds: list[tuple[str, float, float, bool]] = []
+        self._config_files = "".join(
+            read_config(path) for path in (settings.ssh_config, settings.system_ssh_config)
+        )
+        self._host_keys = SharedHostKeys()
+        self._hops: dict[str, list[_Hop]] = {}
+        self._budgets: dict[str, float] = {}
+        self._configs: dict[str, fabric.Config] = {}
+        self._identities: dict[str, Identity] = {}
+        self._unusable: dict[str, Identity] = {}  # hosts whose identity is no private key
+        self.connections: dict[str, fabric.Connection] = {
+            label: self._connect(w, report) for label, w in self.workers.items()
+        }
+        for warning in self._host_keys.warnings():
+            report(warning, Severity.WARNING)
+
+    def _config(self, block: str) -> fabric.Config:
+        if block not in self._configs:
+            self._configs[block] = fabric.Config(
+                ssh_config=paramiko.SSHConfig.from_text(block + self._config_files),
+                overrides={"runners": {"remote": FleetRemote}},
+            )
+        return self._configs[block]
+
+    def _identity_kwargs(self, worker: Worker) -> dict[str, Any]:
+        """The worker's identity alone, like ``IdentitiesOnly``: no agent, no ~/.ssh/id_*."""
+        if not worker.ssh.identity_file:
+            return {}
+        identity = os.path.expanduser(worker.ssh.identity_file)
+        if identity not in self._identities:
+            self._identities[identity] = load_identity(identity)
+        loaded = self._identities[identity]
+        if loaded.unusable:
+            self._unusable[worker.host] = loaded
+        only = {"look_for_keys": False, "allow_agent": False}
+        return {} if loaded.pkey is None else {"pkey": loaded.pkey, **only}
+
+    def _connect(self, worker: Worker, report: Report) -> fabric.Connection:
+        block, ignored = ssh_config_block(worker)
+        for key in ignored:
+            report(
+                f"{worker.host}: ssh option {key} is not supported by Fabric/paramiko "
+                "and is ignored",
+                Severity.WARNING,
+            )
+        try:
+            connection = fabric.Connection(
+                worker.ssh_target,
+                user=worker.ssh.user,
+                port=worker.ssh.port,
+                config=self._config(block),
+                connect_kwargs=self._identity_kwargs(worker),
+            )
+        except ValueError as exc:  # Fabric's int() of a jump host's ConnectTimeout
+            raise FdlError(f"{worker.host}: its ssh configuration is not usable: {exc}") from None
+        hops: list[_Hop] = []
+        hop: Any = connection
+        while isinstance(hop, fabric.Connection):  # the target and each ProxyJump hop
+            budget = self._budget(worker.host, hop)
+            hop.connect_timeout = budget
+            # A jump host's channel is the TCP connect to the next hop: the connect budget.
+            # The target's own channels open on a login already made: a slow one is a busy
+            # host (256 launches at once on one rig), not a dead one, so the probe's budget.
+            channel = max(budget, self.settings.probe_timeout) if not hops else budget
+            hop.connect_kwargs = {
+                **hop.connect_kwargs,
+                "banner_timeout": budget,
+                "auth_timeout": budget,
+                "channel_timeout": channel,
+            }
+            options = host_key_options(
+                worker.host,
+                hop.ssh_config,
+                {"h": hop.host, "p": str(hop.port), "r": hop.user, "n": hop.original_host},
+                self.settings.known_hosts,
+                self.settings.global_known_hosts,
+            )
+            view = self._host_keys.guard(worker.host, hop.client, options)
+            name = hop.host if hop.port == 22 else f"[{hop.host}]:{hop.port}"
+            hops.append(_Hop(hop, name, view, "jump host " if hops else ""))
+            hop = hop.gateway
+        self._hops[worker.host] = hops
+        self._budgets[worker.host] = hops[0].connection.connect_timeout
+        return connection
+
+    def _budget(self, label: str, hop: fabric.Connection) -> float:
+        """The hop's ``ConnectTimeout`` if its ssh_config has one, else the setting."""
+        value = hop.ssh_config.get("connecttimeout")
+        if value is None:
+            return self.settings.connect_timeout
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = 0.0
+        if not 0 < seconds < float("inf"):
+            raise FdlError(
+                f"{label}: ConnectTimeout {value!r} (for {hop.host}) must be a positive "
+                "number of seconds"
+            )
+        return seconds
+
+    def _failure(self, label: str, exc: BaseException) -> Failure:
+        """One line for a host's failure; a changed key names the hop and the file."""
+        if isinstance(exc, paramiko.BadHostKeyException):
+            hops = [h for h in self._hops[label] if h.connection.host == exc.hostname]
+            hop = next(  # paramiko does not say which port: the hop that knows the old key
+                (h for h in hops if h.view.source_of(h.name, exc.expected_key) is not None),
+                (hops or self._hops[label])[0],
+            )
+            exc = explain_refusal(exc, hop.name, hop.view, hop.what)
+        connection, budget = self.connections[label], self._budgets[label]
+        direct = connection.gateway is None
+        answer = (
+            greet(connection.host, connection.port, budget)
+            if direct and wants_greeting(exc)
+            else ""
+        )
+        return describe_failure(exc, login_of(connection, answer=answer), budget)
+
+    def open(self, labels: Iterable[str]) -> dict[str, Failure]:
+        """Handshake with these hosts, ``ssh_window`` at a time; the ones that failed.
+
+        A host already open is not opened again; one that failed stays failed.
+        """
+        wanted = list(labels)
+        todo = [x for x in wanted if x not in self.failed and not self.connections[x].is_connected]
+
+        def attempt(label: str) -> None:
+            if label in self._unusable:  # never offered: said as what it is
+                login = login_of(self.connections[label])
+                self.failed[label] = key_file_failure(login, self._unusable[label].why)
+                return
+            try:
+                self.connections[label].open()
+            except Exception as exc:  # any handshake failure is that host's failure
+                self.failed[label] = self._failure(label, exc)
+                self.connections[label].close()
+
+        if todo:
+            window = self.settings.ssh_window or len(todo)
+            with ThreadPoolExecutor(max_workers=min(window, len(todo))) as pool:
+                list(pool.map(attempt, todo))
+            for line in self._host_keys.take_added():
+                self.report(line, Severity.WARNING)
+        return {x: self.failed[x] for x in wanted if x in self.failed}
+
+    def run(
+        self,
+        scripts: Mapping[str, str],
+        timeout: float | None,
+        streams: Mapping[str, TextSink] | None = None,
+    ) -> dict[str, Outcome]:
+        """Run ``scripts[label]`` on each host; never raises for a host's failure.
+
+        Hosts with the same script share one ThreadingGroup; with ``streams``
+        (launch) each host's output goes, as it comes, to its own stream, so
+        each host is a group of its own.
+        """
+        started = time.monotonic()
+        outcomes: dict[str, Outcome] = dict(self.open(scripts))
+        opened = time.monotonic()
+        self.rounds += [(label, started, opened, False) for label in outcomes]
+        groups: dict[tuple[str, str], list[str]] = {}
+        for label, script in scripts.items():
+            if label not in outcomes:
+                groups.setdefault((script, label if streams else ""), []).append(label)
+        pool = ThreadPoolExecutor(max_workers=max(1, len(groups)))
+        try:
+            jobs = [
+                pool.submit(self._timed_group, started, labels, script, timeout, streams)
+                for (script, _), labels in groups.items()
+            ]
+            for job in jobs:
+                outcomes.update(job.result())
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # an interrupt must not wait here
+        return outcomes
+
+    def _timed_group(self, started: float, labels: list[str], *args: Any) -> dict[str, Outcome]:
+        done = self._run_group(labels, *args)
+        ended = time.monotonic()
+        self.rounds += [(x, started, ended, isinstance(o, Reply)) for x, o in done.items()]
+        return done
+
+    def _run_group(
+        self,
+        labels: list[str],
+        script: str,
+        timeout: float | None,
+        streams: Mapping[str, TextSink] | None,
+    ) -> dict[str, Outcome]:
+        group = fabric.ThreadingGroup.from_connections([self.connections[x] for x in labels])
+        output: dict[str, Any] = {"hide": True}
+        if streams:
+            stream = streams[labels[0]]
+            output = {"hide": False, "pty": False, "out_stream": stream, "err_stream": stream}
+        try:
+            results = group.run(script, warn=True, timeout=timeout, in_stream=False, **output)
+        except GroupException as exc:
+            results = exc.result
+        outcomes: dict[str, Outcome] = {}
+        for label in labels:
+            result = results[self.connections[label]]
+            if isinstance(result, BaseException):
+                outcomes[label] = self._failure(label, result)
+            else:
+                outcomes[label] = Reply(result.stdout, result.stderr, result.exited)
+        return outcomes
+
+    def close(self) -> None:
+        for connection in self.connections.values():
+            connection.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

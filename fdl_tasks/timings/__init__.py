@@ -1,0 +1,1 @@
+"""timings: TODO."""
