@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
+import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -67,41 +68,8 @@ class RecordInputs:
     rustup: tuple[str, ...] = ()
 
 
-def dep_info_paths(text: str) -> list[str]:
-    """The files a makefile-style dep-info file (rustc's ``deps/*.d``, cargo's
-    ``release/<bin>.d``) lists, once each (a space inside a path is ``\\ ``)."""
-    paths: dict[str, None] = {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue  # rustc's env-dep and checksum comments
-        target, colon, deps = line.partition(": ")
-        if colon and target:
-            words = re.split(r"(?<!\\) ", deps)
-            paths.update((w.replace("\\ ", " "), None) for w in words if w)
-    return list(paths)
 
 
-def rerun_paths(fingerprint: str) -> list[str] | None:
-    """The paths a build script's run fingerprint (``run-build-script-*.json``) declared
-    with ``rerun-if-changed``, as cargo saw them (relative: to the package's directory);
-    ``None`` when it declared none, so that cargo reruns it on any file of its package."""
-    try:
-        data: Any = json.loads(fingerprint)
-        local = data.get("local") if isinstance(data, dict) else None
-    except ValueError:
-        return []
-    if not isinstance(local, list):
-        return []
-    paths: list[str] = []
-    declared = False
-    for item in local:
-        if isinstance(item, dict) and isinstance(item.get("RerunIfChanged"), dict):
-            found = item["RerunIfChanged"].get("paths")
-            declared = True
-            paths += [p for p in found if isinstance(p, str)] if isinstance(found, list) else []
-        elif isinstance(item, dict) and "RerunIfEnvChanged" in item:
-            declared = True
-    return paths if declared else None
 
 
 def named(units: Mapping[str, Iterable[str]]) -> set[str]:
@@ -318,5 +286,11 @@ def first_changed(record: BuildRecord, now: Snapshot) -> str | None:
     return changed[0] if changed else None
 
 
-
-
+def forced_line(verdict: Verdict, root: Path) -> str:
+    """What a build whose record forced units says before cargo starts."""
+    units = f"{len(verdict.forced)} unit(s) rebuilt whatever their mtimes say"
+    if not verdict.changed:
+        return f"fdl: no usable record of what the last build read: {units}"
+    changed = [os.path.relpath(path, root) for path in verdict.changed]
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return f"fdl: changed by content since the last good build: {shown}; {units}"

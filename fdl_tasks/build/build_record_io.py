@@ -10,13 +10,7 @@ what a unit named) whose stat moved or was racy; the variant and the mounts
 are looked at by stat alone. Paths a build saw in its container are mapped
 back through the most specific mount.
 
-The units come from the target dir after a build: each fingerprint directory
-``<profile>/.fingerprint/<package>-<hash>``, with the files rustc's dep-info
-``<profile>/deps/*-<hash>.d`` (or a build script's
-``<profile>/build/<package>-<hash>/*-<hash>.d``) lists, relative to the
-workspace root, and the paths its build script run declared with
-``rerun-if-changed`` (relative to its package; none declared: every file of
-its package). A forced unit's fingerprint directory is removed before cargo
+The units and what each read come from :mod:`fdl_tasks.build.unit_reads`. A forced unit's fingerprint directory is removed before cargo
 runs: cargo rebuilds that unit and its dependents, in that target dir only,
 and never sees the user's files touched.
 """
@@ -33,17 +27,26 @@ from pathlib import Path
 
 import attrs
 
-from fdl_tasks.core.atomic_files import text_or_empty, write_atomically
 from fdl_tasks.build.build_environment import BuildJob
-from fdl_tasks.build.build_record import BuildRecord, RecordInputs, Verdict, as_read, dep_info_paths, first_changed, named, rerun_paths, reused_digest, tree_digest, verdict
-from fdl_tasks.core.errors import FdlError
-from fdl_tasks.config.layout import MARKER_FILE, PROFILE_DIR, sources_file
+from fdl_tasks.build.build_record import (
+    BuildRecord,
+    RecordInputs,
+    Verdict,
+    as_read,
+    named,
+    reused_digest,
+    verdict,
+)
+from fdl_tasks.build.unit_reads import unit_reads
+from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.variants import libtorch_dir
+from fdl_tasks.core.atomic_files import write_atomically
+from fdl_tasks.core.errors import FdlError
 from fdl_tasks.tree.roots import WatchPlan
 from fdl_tasks.tree.scan import entry_of, scan
 from fdl_tasks.tree.scope import Scope, under
 from fdl_tasks.tree.snapshot import Entry, Snapshot
-from fdl_tasks.tree.workspace import package_dirs, walk_files
+from fdl_tasks.tree.workspace import walk_files
 
 #: A user mount holding more files than this is not walked: its builds always run cargo.
 MOUNT_BUDGET = 20_000
@@ -108,7 +111,7 @@ class Records:
             record, identity = self.nearest(job), None
         units: Mapping[str, tuple[str, ...]]
         if record is None or record.attempt is not None:  # what the target dir holds now too
-            units = {**self.units(job, inputs), **(record.units if record else {})}
+            units = {**unit_reads(self.root, job, inputs), **(record.units if record else {})}
             record = attrs.evolve(record, units=units) if record else None
         else:
             units = record.units
@@ -165,7 +168,7 @@ class Records:
         binary = _entry(self.root / job.built_binary)
         if binary is None:
             return
-        units = self.units(job, check.inputs)
+        units = unit_reads(self.root, job, check.inputs)
         after, _ = self.look(job, check.inputs, check.look, named(units))
         look = as_read(check.look, after)
         record = BuildRecord(check.inputs.identity, look, units, binary)
@@ -228,47 +231,6 @@ class Records:
         flat |= {posixpath.dirname(p) for p in reads if not os.path.isdir(p)}
         return WatchPlan(tuple(sorted(trees)), tuple(sorted(flat - trees))), whole
 
-    def units(self, job: BuildJob, inputs: RecordInputs) -> dict[str, tuple[str, ...]]:
-        """Each fingerprint directory of ``job``'s target dir (relative to it) and the
-        files on the controller its unit read, as the last build left them."""
-        target = self.root / job.target_dir
-        cross = job.build.cross
-        profiles = [PROFILE_DIR] + ([f"{cross.target}/{PROFILE_DIR}"] if cross else [])
-        workspace = _workspace_root(self.root / job.build.crate_dir, self.root)
-        packages = package_dirs(posixpath.normpath(str(self.root)))
-        variant = libtorch_dir(str(self.root), job.build.arch)
-        mounts = inputs.mounts or ((str(self.root), str(self.root)),)
-
-        def placed(path: str, base: Sequence[str]) -> list[str]:
-            if not path.startswith("/"):
-                return [posixpath.normpath(posixpath.join(b, path)) for b in base]
-            found = _controller_path(path, mounts, variant)
-            return [found] if found else []
-
-        units: dict[str, tuple[str, ...]] = {}
-        for profile in profiles:
-            directory = target / profile
-            dep_infos = _dep_infos_by_hash(directory)
-            try:
-                fingerprints = sorted(os.scandir(directory / ".fingerprint"), key=lambda e: e.name)
-            except OSError:
-                continue
-            for fingerprint in fingerprints:
-                package, _, digest = fingerprint.name.rpartition("-")
-                paths: list[str] = []
-                for dep_info in dep_infos.get(digest, ()):
-                    for raw in dep_info_paths(text_or_empty(dep_info)):
-                        paths += placed(raw, [workspace])
-                for run in Path(fingerprint.path).glob("run-build-script-*.json"):
-                    declared = rerun_paths(text_or_empty(run))
-                    homes = packages.get(package, [])
-                    if declared is None:
-                        paths += [f for home in homes for f in walk_files(home, home)]
-                    for raw in declared or ():
-                        paths += placed(raw, homes)
-                units[f"{profile}/.fingerprint/{fingerprint.name}"] = tuple(dict.fromkeys(paths))
-        return units
-
 
 def _union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
     """The attempts' looks together: a file that differs from any of them is a change
@@ -277,45 +239,6 @@ def _union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
         return look
     entries = {**look.entries, **earlier.entries}
     return Snapshot(entries, earlier.dirs | look.dirs, look.trees, look.taken_ns)
-
-
-def _dep_infos_by_hash(profile: Path) -> dict[str, list[str]]:
-    """rustc's dep-info files of a profile directory, by the unit hash that ends their
-    name (``deps/<crate>-<hash>.d``, ``build/<pkg>-<hash>/build_script_build-<hash>.d``)."""
-    found: dict[str, list[str]] = {}
-    candidates = [*profile.glob("deps/*.d"), *profile.glob("build/*/*.d")]
-    for path in candidates:
-        found.setdefault(path.stem.rpartition("-")[2], []).append(str(path))
-    return found
-
-
-def _workspace_root(crate_dir: Path, root: Path) -> str:
-    """Where cargo runs rustc from (the paths of dep-info are relative to it): the
-    nearest directory up to the project root whose ``Cargo.toml`` has ``[workspace]``,
-    else the nearest one with a ``Cargo.toml`` (the crate's package)."""
-    directory, package = posixpath.normpath(str(crate_dir)), None
-    while under(directory, str(root)):
-        manifest = text_or_empty(posixpath.join(directory, "Cargo.toml"))
-        if "[workspace]" in manifest:
-            return directory
-        package = package or (directory if manifest else None)
-        if directory == posixpath.dirname(directory):
-            break
-        directory = posixpath.dirname(directory)
-    return package or posixpath.normpath(str(crate_dir))
-
-
-def _controller_path(
-    path: str, mounts: Sequence[tuple[str, str | None]], variant: str
-) -> str | None:
-    """``path`` as the build saw it, on the controller: through the most specific mount,
-    as Docker resolves it (``None`` mount: the build's variant); ``None`` for what only
-    the image holds (its id is in the identity)."""
-    for inside, outside in sorted(mounts, key=lambda m: len(m[0]), reverse=True):
-        if under(path, inside):
-            rest = path[len(inside) :].lstrip("/")
-            return posixpath.normpath(posixpath.join(outside or variant, rest))
-    return None
 
 
 def _walkable(source: str) -> bool:
@@ -355,12 +278,3 @@ def _clock_ns(target_dir: Path) -> int:
         return min(now, (target_dir / MARKER_FILE).stat().st_mtime_ns)
     except OSError:
         return now
-
-
-# ---------------------------------------------------------------------------- provenance
-
-
-
-
-
-

@@ -18,7 +18,8 @@ import attrs
 from fdl_tasks.build.backends.protocol import Backend
 from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_environment import BuildJob
-from fdl_tasks.build.builder import Builder, JobResult, concurrency, order_text
+from fdl_tasks.build.builder import Builder, JobResult
+from fdl_tasks.build.build_order import concurrency, order_text
 from fdl_tasks.cache.compile_cache import CompileCache, find_cache, open_cache
 from fdl_tasks.core.console import StatusBoard, format_table
 from fdl_tasks.core.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 import threading
 import time
@@ -23,18 +22,19 @@ from typing import Any
 import attrs
 from invoke.context import Context
 
-from fdl_tasks.core.atomic_files import copy_atomically, log_tail
 from fdl_tasks.build.backends.protocol import Backend
-from fdl_tasks.core.binary_files import file_sha256
 from fdl_tasks.build.build_environment import BuildJob
-from fdl_tasks.build.build_record import Verdict
+from fdl_tasks.build.build_order import head_start
+from fdl_tasks.build.build_record import forced_line
+from fdl_tasks.build.build_record_io import Records
 from fdl_tasks.cache.cache_stats import CacheStats, read_stats
+from fdl_tasks.cargo.manifests import changed_since
+from fdl_tasks.config.layout import MARKER_FILE
+from fdl_tasks.config.variants import libtorch_dir
+from fdl_tasks.core.atomic_files import copy_atomically, log_tail
+from fdl_tasks.core.binary_files import file_sha256
 from fdl_tasks.core.console import PrefixedLines, StatusBoard
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
-from fdl_tasks.config.layout import MARKER_FILE
-from fdl_tasks.cargo.manifests import changed_since
-from fdl_tasks.build.build_record_io import Records
-from fdl_tasks.config.variants import libtorch_dir
 
 #: What the board says of a build whose record shows nothing changed.
 UNCHANGED = "unchanged since its last build: cargo not started"
@@ -57,40 +57,12 @@ class JobResult:
     started: float = 0.0
 
 
-def concurrency(configured: int, jobs: Sequence[BuildJob], root: Path) -> int:
-    """How many of ``jobs`` run at once: ``configured`` (``fdl.build_jobs``) when set.
-
-    Else one per core while any target dir is still cold: a cold build keeps
-    every core busy by itself, more at once only oversubscribe them. Once
-    every target dir holds a build, a rebuild is incremental (one crate and a
-    link on one core) and most of its wall time is spent starting its
-    container and linking: then up to two per core run together, which
-    overlaps those waits (3 variants on 2 cores, a one-line edit: 3.71 s to
-    3.34 s; the builds of a no-op: 0.93 s to 0.76 s).
-    """
-    cores = os.cpu_count() or 1
-    bound = configured or (2 * cores if _all_warm(jobs, root) else cores)
-    return max(1, min(bound, len(jobs)))
 
 
-def head_start(*, cached: bool, cold: bool, builds: int, dependencies: bool = False) -> int:
-    """How many builds run before the others start: one when the compile cache can be
-    warmed for the rest (every target dir cold, or ``dependencies`` changed since the
-    last builds: :mod:`fdl_tasks.cargo.manifests`), else none (without a cache nothing waits)."""
-    return 1 if cached and (cold or dependencies) and builds > 1 else 0
 
 
-def order_text(builds: int, at_once: int, first: int, dependencies: bool) -> str:
-    """How the builds will run, as the run will run them (``first``: :func:`head_start`)."""
-    if not first:
-        return f"{at_once} at a time"
-    why = " with the changed dependencies" if dependencies else ""
-    then = min(at_once, builds - first)
-    return f"the first build alone to fill the cache{why}, then {then} at a time"
 
 
-def _all_warm(jobs: Sequence[BuildJob], root: Path) -> bool:
-    return all((root / job.target_dir / MARKER_FILE).exists() for job in jobs)
 
 
 class Builder:
@@ -301,14 +273,6 @@ class Builder:
         self._left(self.backend.stop_job(job, process))
 
 
-def forced_line(verdict: Verdict, root: Path) -> str:
-    """What a build whose record forced units says before cargo starts."""
-    units = f"{len(verdict.forced)} unit(s) rebuilt whatever their mtimes say"
-    if not verdict.changed:
-        return f"fdl: no usable record of what the last build read: {units}"
-    changed = [os.path.relpath(path, root) for path in verdict.changed]
-    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-    return f"fdl: changed by content since the last good build: {shown}; {units}"
 
 
 def _size_and_mtime(path: Path) -> tuple[int, int] | None:

@@ -34,14 +34,6 @@ from fdl_tasks.config.values import InvalidValue
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 
 
-
-
-
-
-
-
-
-
 def check_token(token: str, where: str) -> str:
     """The client token, stripped of surrounding blanks; ``where`` names its source.
 

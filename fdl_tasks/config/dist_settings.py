@@ -18,10 +18,8 @@ from fdl_tasks.config.values import InvalidValue, check_text, quote
 _SCHEMES = ("http", "https")
 
 
-
 #: Characters a URL written into TOML and into sccache's HTTP client never needs.
 _URL_BAD = re.compile(r"[\s\"'\\<>`{}|^]")
-
 
 
 def check_scheduler_url(value: object) -> SchedulerUrl:
@@ -55,7 +53,6 @@ def check_scheduler_url(value: object) -> SchedulerUrl:
     return text
 
 
-
 def check_controller_file(value: object) -> ControllerFile:
     """A file on the controller: absolute, or under the invoking user's home (``~/``)."""
     text = check_text(value)
@@ -67,13 +64,11 @@ def check_controller_file(value: object) -> ControllerFile:
     return text
 
 
-
 #: The check of each kind of ``controller.dist`` value, for the converter.
 DIST_CHECKS: dict[Any, Callable[[object], object]] = {
     SchedulerUrl: check_scheduler_url,
     ControllerFile: check_controller_file,
 }
-
 
 
 def check_dist(dist: DistSettings) -> str | None:

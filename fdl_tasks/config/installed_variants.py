@@ -22,7 +22,6 @@ from fdl_tasks.gpu.coverage import ArchFile, parse_arch_file
 ARCH_FILE = ".arch"
 
 
-
 def read_arch_file(root: Path, arch: str) -> ArchFile | None:
     """The variant's ``.arch``, ``None`` when it has none (or it cannot be read)."""
     try:
@@ -30,7 +29,6 @@ def read_arch_file(root: Path, arch: str) -> ArchFile | None:
     except (OSError, UnicodeDecodeError):
         return None
     return parse_arch_file(text)
-
 
 
 def installed_variants(root: Path) -> list[Installed]:
@@ -52,7 +50,6 @@ def installed_variants(root: Path) -> list[Installed]:
                 cpu = file_machine(child / "lib" / "libtorch.so")
                 found.append(Installed(arch, read_arch_file(root, arch), cpu))
     return found
-
 
 
 def expand_auto(workers: Sequence[Worker], root: Path) -> list[Worker]:

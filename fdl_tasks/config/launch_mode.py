@@ -75,4 +75,3 @@ def forwarding_warning(compose_file: str, service: str) -> str:
         f"environment: (a bare '- {ENV_PREBUILD_PER_HOST}'), as flodl's own "
         "docker-compose.yml does"
     )
-

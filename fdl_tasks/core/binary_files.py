@@ -15,14 +15,12 @@ from fdl_tasks.core.errors import FdlError
 _GLIBC_SYMBOL = re.compile(r"GLIBC_(\d+)\.(\d+)")
 
 
-
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
 
 
 def required_glibc(binary: Path) -> tuple[int, int] | None:
@@ -46,10 +44,8 @@ def required_glibc(binary: Path) -> tuple[int, int] | None:
     return max(versions, default=None)
 
 
-
 #: ELF ``e_machine`` values and the ``uname -m`` names of their CPU architectures.
 ELF_MACHINES = {62: "x86_64", 183: "aarch64", 21: "ppc64le", 243: "riscv64", 40: "armv7l"}
-
 
 
 def elf_machine(header: str) -> str | None:
@@ -64,7 +60,6 @@ def elf_machine(header: str) -> str | None:
     low, high = (data[18], data[19]) if data[5] == 1 else (data[19], data[18])
     number = low | high << 8
     return ELF_MACHINES.get(number, f"ELF machine {number}")
-
 
 
 def file_machine(path: Path) -> str | None:

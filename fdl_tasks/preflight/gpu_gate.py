@@ -113,5 +113,3 @@ def with_chosen_archs(cluster: Cluster, verdicts: Sequence[Verdict]) -> Cluster:
         attrs.evolve(w, arch=chosen[w.host]) if w.arch == AUTO else w for w in cluster.workers
     )
     return attrs.evolve(cluster, workers=workers)
-
-

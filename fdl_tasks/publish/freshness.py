@@ -35,7 +35,6 @@ def sources_json(sources: Mapping[str, tuple[str, str]]) -> str:
     return json.dumps({"version": VERSION, "hosts": dict(sorted(hosts.items()))}, indent=1)
 
 
-
 def read_sources(text: str) -> dict[str, tuple[str, str]]:
     """What :func:`sources_json` wrote; nothing for anything else (a host without its
     sources cannot be checked, and launches)."""
@@ -66,7 +65,6 @@ def write_sources(root: Path, command: str, jobs: Sequence[BuildJob], kept: set[
         write_atomically(path, sources_json(sources) + "\n")
 
 
-
 def stale_binary(root: Path, command: str, hosts: Sequence[str]) -> str | None:
     """Why a host's published binary of ``command`` is not what its sources say now (the
     first file found changed since it was built), or ``None``. A host the sidecar does
@@ -85,7 +83,6 @@ def stale_binary(root: Path, command: str, hosts: Sequence[str]) -> str | None:
                 "(or launch it anyway with --stale-ok)"
             )
     return None
-
 
 
 def _staleness(root: Path, record_path: str, tree: str) -> str | None:

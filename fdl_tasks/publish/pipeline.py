@@ -9,8 +9,6 @@ environment.
 
 from __future__ import annotations
 
-import atexit
-import gc
 import json
 import secrets
 from collections.abc import Mapping, Sequence
@@ -68,19 +66,6 @@ class Published:
     verdicts: tuple[Verdict, ...] = ()
 
 
-def skip_final_collection() -> None:
-    """At exit, leave out the interpreter's last full garbage collection.
-
-    It walks every object the run imported or made (Invoke, Fabric, paramiko,
-    the Docker SDK, pyelftools): 86-164 ms here, 11-16 ms once they are frozen,
-    and all of it after the envelope is published. Registered at exit only, so
-    a task composed after this one collects as usual; the memory goes back
-    with the process. Registering twice registers once.
-    """
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
-
-
 def report_preflight(
     run: Run, verdicts: Sequence[Verdict], as_json: bool, *, building: bool = False
 ) -> None:
@@ -102,7 +87,6 @@ def report_preflight(
 def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
     """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``): every
     host's verdict (none under --dry)."""
-    skip_final_collection()
     run.note_unlisted_controller()
     if run.dry:
         for line in dry_run_lines(run, abi=abi):
@@ -166,7 +150,6 @@ def prebuild(
     verification still runs, and the controller's checks too
     (:func:`~fdl_tasks.build.readiness_io.require_ready`).
     """
-    skip_final_collection()
     require_verification_possible(run)
     verdicts: Sequence[Verdict] = known
     auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
@@ -285,7 +268,6 @@ def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published |
     That host alone is probed first, with the controller's checks beside it, as
     prebuild probes every host: its CPU architecture when ``cpu_arch`` does not pin
     it, its paths, its GPUs against the variant."""
-    skip_final_collection()
     require_verification_possible(run)
     backend = run_backend(run)
     alone = attrs.evolve(run, cluster=run.cluster.keeping({worker.host, run.controller}))

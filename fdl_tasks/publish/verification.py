@@ -46,12 +46,6 @@ def verification_script(worker_path: str, entry: PerHostEnvelope) -> str:
     )
 
 
-
-
-
-
-
-
 @attrs.frozen
 class RemoteCopy:
     """What a host reported about its copy of the binary."""

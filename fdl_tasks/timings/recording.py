@@ -89,9 +89,3 @@ def round_trips(run: Run, fleet: Fleet, kind: str) -> Iterator[None]:
         if run.timeline is not None:
             for host, (start, end, ok) in fold_rounds(fleet.rounds[mark:]).items():
                 run.timeline.add(kind, host, start, end, ok=ok)
-
-
-
-
-
-

@@ -69,5 +69,3 @@ def declared_inputs(
             else:
                 declared += [posixpath.normpath(posixpath.join(d, raw)) for d in dirs]
     return sorted(set(declared)), sorted(set(whole))
-
-

@@ -25,13 +25,12 @@ from fdl_tasks.build.build_record import (
     Verdict,
     as_read,
     content_changed,
-    dep_info_paths,
-    rerun_paths,
     reused_digest,
     tree_digest,
     verdict,
 )
 from fdl_tasks.build.build_record_io import MOUNT_BUDGET, Records, record_file
+from fdl_tasks.cargo.cargo_outputs import dep_info_paths, rerun_paths
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.model import Controller, DockerSettings
 from fdl_tasks.publish.freshness import read_sources, sources_json, stale_binary, write_sources

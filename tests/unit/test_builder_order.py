@@ -11,7 +11,7 @@ from typing import cast
 import pytest
 
 from fdl_tasks.build.build_environment import BuildJob
-from fdl_tasks.build.builder import concurrency, head_start, order_text
+from fdl_tasks.build.build_order import concurrency, head_start, order_text
 from fdl_tasks.cargo.manifests import changed_since
 from fdl_tasks.config.layout import MARKER_FILE
 
