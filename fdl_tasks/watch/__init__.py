@@ -3,9 +3,9 @@
 One full prebuild first (preflight, builds, verification, publication), then
 a cycle whenever a file the build depends on changes:
 
-- what counts (:mod:`.scope`, :mod:`.buildscripts`): ``*.rs``, ``Cargo.toml``,
-  ``Cargo.lock``, ``.cargo/config*`` and ``rust-toolchain*`` anywhere in the
-  workspace (path dependencies live beside the crate); what a build script
+- what counts (:mod:`~fdl_tasks.tree.scope`, :mod:`~fdl_tasks.tree.buildscripts`):
+  ``*.rs``, ``Cargo.toml``, ``Cargo.lock``, ``.cargo/config*`` and ``rust-toolchain*``
+  anywhere in the workspace (path dependencies live beside the crate); what a build script
   declares with ``cargo:rerun-if-changed`` (read from ``release/build/*/output``
   in the cycle's target dirs, container paths mapped back to the controller),
   or its whole package when it declares nothing, as cargo does; each variant's
@@ -14,10 +14,10 @@ a cycle whenever a file the build depends on changes:
 - when (:mod:`.debounce`): a burst of saves is one cycle once the tree is
   quiet for ``fdl.watch_debounce`` seconds; saves during a cycle queue exactly
   one more after it; a cycle in progress is never cut short;
-- how (:mod:`.roots`, :mod:`.polling`, :mod:`.filewatch`): inotify
+- how (:mod:`~fdl_tasks.tree.roots`, :mod:`.polling`, :mod:`.filewatch`): inotify
   (``watchfiles``) over the workspace but ``target/``, or our own polling
-  (:mod:`.scan`, :mod:`.snapshot`: ns mtime and ctime, size, inode, and the
-  content of files whose stat is too recent to trust) where inotify cannot see
+  (:mod:`~fdl_tasks.tree.scan`, :mod:`~fdl_tasks.tree.snapshot`: ns mtime and ctime, size,
+  inode, and the content of files whose stat is too recent to trust) where inotify cannot see
   other hosts' writes (the project root on NFS, SMB, 9p, virtiofs, a FUSE
   mount such as sshfs or an S3 bucket; detected from ``/proc/self/mountinfo``)
   or when ``fdl.watch_polling`` says so;

@@ -99,3 +99,35 @@ def test_the_architecture_page_draws_these_levels() -> None:
     rows = [[w.removesuffix("/").removesuffix(".py") for w in row] for row in rows if row]
     expected = [sorted(n for n in names if n != "__init__") for names in reversed(LEVELS)]
     assert [sorted(row) for row in rows] == expected
+
+
+#: What only an I/O module may import (paramiko's key classes parse, they do no I/O).
+IO_MODULES = {"subprocess", "socket", "fabric", "docker", "invoke", "shutil"}
+
+
+def test_no_module_basename_twice_and_none_over_300_lines() -> None:
+    paths = [p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"]
+    names = [p.name for p in paths]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    assert [str(p) for p in paths if len(p.read_text().splitlines()) > 300] == []
+
+
+def test_the_pure_side_of_a_pair_does_no_io() -> None:
+    """``<stem>.py`` beside ``<stem>_io.py`` is the pure side (docs/architecture.md)."""
+    for io in PACKAGE.rglob("*_io.py"):
+        pure = io.with_name(io.name.removesuffix("_io.py") + ".py")
+        assert pure.exists(), f"{io.name} has no pure partner {pure.name}"
+        tree = ast.parse(pure.read_text())
+        used = {
+            a.name.split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Import)
+            for a in n.names
+        }
+        used |= {
+            n.module.split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module
+        }
+        assert not used & IO_MODULES, f"{pure.name} imports {sorted(used & IO_MODULES)}"
+        assert "open(" not in pure.read_text(), f"{pure.name} opens files"
