@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import attrs
 
 from fdl_tasks.config.values import InvalidValue
+from fdl_tasks.core.errors import matched
 
 #: What an HTTP header value can carry: visible ASCII (a token is one such word).
 _TOKEN = re.compile(r"[\x21-\x7e]+")
@@ -42,12 +43,14 @@ def check_token(token: str, where: str) -> str:
     token = token.strip()
     if not token:
         raise InvalidValue(f"{where} holds no token")
-    if not _TOKEN.fullmatch(token):
-        raise InvalidValue(
+    return matched(
+        _TOKEN,
+        token,
+        lambda: InvalidValue(
             f"{where} holds characters a token cannot carry: a token is one word of "
             "visible ASCII, such as what 'sccache-dist auth generate-shared-token' prints"
-        )
-    return token
+        ),
+    )
 
 
 def toml_string(text: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fdl_tasks.config.values import quote
-from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.errors import FdlError, matched
 
 #: The base file's names, in flodl's order of preference.
 BASE_NAMES = ("fdl.yaml", "fdl.yml", "fdl.json")
@@ -53,12 +53,9 @@ def is_layer(path: Path) -> bool:
 
 
 def check_env(env: str) -> str:
-    if not _ENV_NAME.fullmatch(env):
-        raise FdlError(
-            f"env {quote(env)} is not a name flodl can load (fdl.<env>.yml): letters, "
-            "digits, '.', '_' and '-'"
-        )
-    return env
+    rule = "letters, digits, '.', '_' and '-'"
+    why = f"env {quote(env)} is not a name flodl can load (fdl.<env>.yml): {rule}"
+    return matched(_ENV_NAME, env, lambda: FdlError(why))
 
 
 def first_existing(

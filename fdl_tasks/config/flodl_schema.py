@@ -103,53 +103,53 @@ def _optional(check: Check) -> Check:
     return lambda value: None if value is None else check(value)
 
 
-SSH: Struct = {
-    "target": (_optional(_string), False),
-    "port": (_optional(_U16), False),
-    "user": (_optional(_string), False),
-    "identity_file": (_optional(_string), False),
-    "options": (_strings, False),
+#: fdl-cli's structs, each field in its declaration order (serde names them so):
+#: ``key`` is required, ``key=`` has a default, ``key?`` is an ``Option`` (null allowed);
+#: ``:kind`` names its check or nested struct (none: a ``String``).
+DECLARED: Mapping[str, str] = {
+    "ssh": "target? port?:u16 user? identity_file? options=:strings",
+    "join": "min_rank_start?:u64 join_timeout?:u64 target_ranks?:u64 max_join_timeout?:u64 "
+    "open_admission?:bool discovery?:bool token? tunnel_only?:bool start?:start",
+    "controller": "host port=:u16 path docker? arch? data_path? join=:join",
+    # ranks: refused when not empty (:func:`cluster_problems`)
+    "worker": "host ranks=:any local_devices:devices nccl_socket_ifname path ssh=:ssh "
+    "tunnel=:bool arch? data_path? gpu_ram_share?:number docker? env=:env",
+    # workers: each entry is a worker, checked on its own
+    "cluster": "controller:controller workers:any env=:env gpu_ram_share?:number",
 }
-JOIN: Struct = {
-    "min_rank_start": (_optional(_U64), False),
-    "join_timeout": (_optional(_U64), False),
-    "target_ranks": (_optional(_U64), False),
-    "max_join_timeout": (_optional(_U64), False),
-    "open_admission": (_optional(_boolean), False),
-    "discovery": (_optional(_boolean), False),
-    "token": (_optional(_string), False),
-    "tunnel_only": (_optional(_boolean), False),
-    "start": (_optional(_start), False),
+_KINDS: Mapping[str, Check] = {
+    "string": _string,
+    "u16": _U16,
+    "u64": _U64,
+    "bool": _boolean,
+    "strings": _strings,
+    "start": _start,
+    "any": _anything,
+    "devices": _local_devices,
+    "number": _number,
+    "env": _env,
 }
-CONTROLLER: Struct = {
-    "host": (_string, True),
-    "port": (_U16, False),
-    "path": (_string, True),
-    "docker": (_optional(_string), False),
-    "arch": (_optional(_string), False),
-    "data_path": (_optional(_string), False),
-    "join": (JOIN, False),
-}
-WORKER: Struct = {
-    "host": (_string, True),
-    "ranks": (_anything, False),  # refused when not empty: :func:`cluster_problems`
-    "local_devices": (_local_devices, True),
-    "nccl_socket_ifname": (_string, True),
-    "path": (_string, True),
-    "ssh": (SSH, False),
-    "tunnel": (_boolean, False),
-    "arch": (_optional(_string), False),
-    "data_path": (_optional(_string), False),
-    "gpu_ram_share": (_optional(_number), False),
-    "docker": (_optional(_string), False),
-    "env": (_env, False),
-}
-CLUSTER: Struct = {
-    "controller": (CONTROLLER, True),
-    "workers": (_anything, True),  # each entry: :data:`WORKER`
-    "env": (_env, False),
-    "gpu_ram_share": (_optional(_number), False),
-}
+
+
+def _structs() -> dict[str, Struct]:
+    """:data:`DECLARED` read, each struct after those it nests."""
+    structs: dict[str, Struct] = {}
+    for name, fields in DECLARED.items():
+        struct: dict[str, tuple[Check | Struct, bool]] = {}
+        for field in fields.split():
+            key, _, kind = field.partition(":")
+            rule: Check | Struct = structs.get(kind) or _KINDS[kind or "string"]
+            bare = key.rstrip("?=")
+            if key.endswith("?"):
+                assert callable(rule), "an Option of a struct is not declared"
+                rule = _optional(rule)
+            struct[bare] = (rule, key == bare)
+        structs[name] = struct
+    return structs
+
+
+STRUCTS = _structs()
+CONTROLLER, WORKER, CLUSTER = STRUCTS["controller"], STRUCTS["worker"], STRUCTS["cluster"]
 #: ``fdl.yml``'s top level; only ``cluster`` is this tool's business, the rest is named only.
 PROJECT_KEYS = ("description", "commands", "cluster", "join", "publish")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from fdl_tasks.config.model import Cluster, Worker
-from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.errors import FdlError, matched
 
 #: Environment variable that names the controller's host label.
 HOST_NAME_ENV = "FLODL_HOST_NAME"
@@ -28,12 +28,14 @@ def split_ssh_option(option: str) -> tuple[str, str] | None:
 
 def check_command(name: str) -> str:
     """The command is cargo's ``--bin`` name and a file name on every host."""
-    if not _COMMAND.fullmatch(name):
-        raise FdlError(
+    return matched(
+        _COMMAND,
+        name,
+        lambda: FdlError(
             f"command {name!r} is not a valid binary name: use letters, digits, '_' "
             "and '-' (it is passed to cargo as --bin and becomes a file name)"
-        )
-    return name
+        ),
+    )
 
 
 def check_crate_dir(relative: str) -> str:

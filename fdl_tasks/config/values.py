@@ -35,6 +35,7 @@ from fdl_tasks.config.model import (
 )
 from fdl_tasks.config.names import split_ssh_option
 from fdl_tasks.config.variants import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, Cuda
+from fdl_tasks.core.errors import matched
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ARCH_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -91,9 +92,9 @@ def kind_of(value: object) -> str:
 def matching(value: object, pattern: re.Pattern[str], what: str, rule: str) -> str:
     """Text that ``pattern`` matches whole; else ``<what> '<value>' <rule>``."""
     text = check_text(value)
-    if not pattern.fullmatch(text):
-        raise InvalidValue(" ".join(filter(None, (what, quote(text), rule))))
-    return text
+    return matched(
+        pattern, text, lambda: InvalidValue(" ".join(filter(None, (what, quote(text), rule))))
+    )
 
 
 def check_label(value: object) -> HostLabel:
@@ -149,14 +150,14 @@ def check_cuda_release(value: object) -> CudaRelease:
     return text
 
 
+#: A path Docker's ``-v`` syntax can carry.
+_MOUNTABLE = re.compile(r"[^:,]*")
+
+
 def check_mount_path(value: object) -> str:
     """Docker's ``-v SOURCE:TARGET`` syntax cannot carry a ``:`` or ``,`` in a path."""
-    text = check_abs_path(value)
-    if ":" in text or "," in text:
-        raise InvalidValue(
-            f"{quote(text)} cannot be bind-mounted by Docker (it contains ':' or ',')"
-        )
-    return text
+    rule = "cannot be bind-mounted by Docker (it contains ':' or ',')"
+    return matching(check_abs_path(value), _MOUNTABLE, "", rule)
 
 
 def check_env_name(value: object) -> EnvName:

@@ -1,5 +1,10 @@
 """The exception types a run raises to the task boundary."""
 
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
 
 class FdlError(Exception):
     """A problem the user can act on: bad input, a missing tool, a failed host.
@@ -52,3 +57,10 @@ class ProgramExited(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(f"exited {code}")
         self.code = code
+
+
+def matched(pattern: re.Pattern[str], text: str, error: Callable[[], Exception]) -> str:
+    """``text`` when ``pattern`` matches it whole; else ``error()``, raised."""
+    if not pattern.fullmatch(text):
+        raise error()
+    return text

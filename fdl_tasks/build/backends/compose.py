@@ -150,15 +150,6 @@ class ComposeBackend(ContainerBackend):
     mode: BuildMode = "compose"
     toolchain_key = "service"
 
-    def __init__(
-        self, controller: Controller, source: str, run_id: str, cache: CompileCache | None
-    ) -> None:
-        assert isinstance(controller.docker, ComposeService), "the registry chose by type"
-        self.controller, self.compose, self.source = controller, controller.docker, source
-        self.run_id, self.cache = run_id, cache
-        #: (service, its variables) → the service as compose resolved it, and its image's id.
-        self.resolved: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, str | None]] = {}
-
     @functools.cached_property
     def compose_argv(self) -> tuple[str, ...]:
         """``docker compose`` or ``docker-compose``, looked for when first needed."""
@@ -167,6 +158,16 @@ class ComposeBackend(ContainerBackend):
     @functools.cached_property
     def ids(self) -> tuple[int, int]:
         return user_ids()
+
+    @property
+    def compose(self) -> ComposeService:
+        assert isinstance(self.controller.docker, ComposeService), "the registry chose by type"
+        return self.controller.docker
+
+    @functools.cached_property
+    def resolved(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, str | None]]:
+        """(service, its variables) → the service as compose resolved it, and its image's id."""
+        return {}
 
     @property
     def tool(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fdl_tasks.build.backends.protocol import RunBackend
+
 from fdl_tasks.build.build_argv import JOB_LABEL, RUN_LABEL
 from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.docker_tools import remove_containers
@@ -27,7 +29,7 @@ def docker_exit_problem(exit_code: int, log_tail: str) -> str | None:
     return f"docker exited 125 (docker could not run the build{said})"
 
 
-class ContainerBackend:
+class ContainerBackend(RunBackend):
     """Stopping a ``docker`` client leaves its container running: remove the container,
     found by the run's and the job's labels, and the client exits with it."""
 
@@ -35,8 +37,6 @@ class ContainerBackend:
         "docker kill or docker stop, the out-of-memory killer, or the Docker daemon "
         "stopping or restarting (it stops every container)"
     )
-
-    run_id: str
 
     def exit_problem(self, exit_code: int, log_tail: str) -> str | None:
         return docker_exit_problem(exit_code, log_tail)

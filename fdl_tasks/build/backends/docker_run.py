@@ -6,6 +6,8 @@ A stop or a timeout removes the build's containers, found by their labels
 
 from __future__ import annotations
 
+import functools
+
 import shlex
 from collections.abc import Mapping, Sequence
 
@@ -154,15 +156,19 @@ class DockerRunBackend(ContainerBackend):
     mode: BuildMode = "docker"
     toolchain_key = "image"
 
-    def __init__(
-        self, controller: Controller, source: str, run_id: str, cache: CompileCache | None
-    ) -> None:
-        assert isinstance(controller.docker, DockerSettings), "the registry chose by type"
-        self.controller, self.docker, self.source = controller, controller.docker, source
-        self.run_id, self.cache = run_id, cache
-        self.user = container_user()
-        #: Each image's content id, as :meth:`check` found it.
-        self.image_ids: dict[str, str] = {}
+    @property
+    def docker(self) -> DockerSettings:
+        assert isinstance(self.controller.docker, DockerSettings), "the registry chose by type"
+        return self.controller.docker
+
+    @functools.cached_property
+    def user(self) -> str | None:
+        return container_user()
+
+    @functools.cached_property
+    def image_ids(self) -> dict[str, str]:
+        """Each image's content id, as :meth:`check` found it."""
+        return {}
 
     def toolchain(
         self, arch: Arch, vendor: Vendor, cross: CrossSetup | None

@@ -6,6 +6,10 @@ it started (and, with the compile cache, the build's sccache server).
 
 from __future__ import annotations
 
+import functools
+
+from fdl_tasks.build.backends.protocol import RunBackend
+
 import hashlib
 import os
 import shlex
@@ -98,7 +102,7 @@ def toolchain_identity(crate_dir: str) -> str | None:
     return "\n".join(parts)
 
 
-class NativeBackend:
+class NativeBackend(RunBackend):
     """``cargo build`` on the controller, ``LIBTORCH_PATH`` naming the variant."""
 
     tool = "native cargo"
@@ -106,12 +110,10 @@ class NativeBackend:
     mode: BuildMode = "native"
     toolchain_key = ""
 
-    def __init__(
-        self, controller: Controller, source: str, run_id: str, cache: CompileCache | None
-    ) -> None:
-        self.controller, self.source, self.run_id, self.cache = controller, source, run_id, cache
-        #: Each crate dir's :func:`toolchain_identity`, asked once per run.
-        self.toolchains: dict[str, str | None] = {}
+    @functools.cached_property
+    def toolchains(self) -> dict[str, str | None]:
+        """Each crate dir's :func:`toolchain_identity`, asked once per run."""
+        return {}
 
     def toolchain(
         self, arch: Arch, vendor: Vendor, cross: CrossSetup | None

@@ -19,6 +19,16 @@ from fdl_tasks.gpu.gpus import Vendor
 from fdl_tasks.config.model import Arch, BuildMode, Controller, CrossSetup
 
 
+class RunBackend:
+    """What every backend is made with: the controller, the cluster file's name (for
+    messages), the run's id (container labels, cache sockets) and its compile cache."""
+
+    def __init__(
+        self, controller: Controller, source: str, run_id: str, cache: CompileCache | None
+    ) -> None:
+        self.controller, self.source, self.run_id, self.cache = controller, source, run_id, cache
+
+
 class Backend(Protocol):
     """How one build mode chooses its toolchain, checks, runs and stops builds."""
 
