@@ -148,12 +148,6 @@ class CompileCache:
             return []
         return ["--network", "host"]
 
-    @property
-    def needs_host_network(self) -> bool:
-        """Whether a build container must share the host's network to reach the scheduler
-        (a compose service then needs ``network_mode: host``)."""
-        return bool(self.dist and self.dist.host_network)
-
 
 def _variables(wrapper: str, directory: str, size: str, server: str) -> dict[str, str]:
     """``server``: a socket of the build's own, so that builds never share a server
