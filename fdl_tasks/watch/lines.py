@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fdl_tasks.build.build_environment import Build
-from fdl_tasks.publish.verification_io import Delivery
+from fdl_tasks.publish.verification_io import Verification
 from fdl_tasks.tree.scope import Kind, under
 
 
@@ -61,14 +61,14 @@ def build_labels(specs: Iterable[Build]) -> list[str]:
     ]
 
 
-def verified_text(delivery: Delivery | None) -> str:
+def verified_text(verification: Verification | None) -> str:
     """A cycle's verification in a few words (``None``: verification was off)."""
-    if delivery is None:
+    if verification is None:
         return "verification off (--no-verify)"
-    text = f"{len(delivery.verified)} host(s) verified"
-    if delivery.unverified:
-        text += f", {len(delivery.unverified)} not verified: " + "; ".join(
-            f"{host} ({why})" for host, why in sorted(delivery.unverified.items())
+    text = f"{len(verification.verified)} host(s) verified"
+    if verification.unverified:
+        text += f", {len(verification.unverified)} not verified: " + "; ".join(
+            f"{host} ({why})" for host, why in sorted(verification.unverified.items())
         )
     return text
 

@@ -15,7 +15,7 @@ import pytest
 from fdl_tasks.build.build_environment import Build, BuildEnvironment, CrossBuild
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.reporting import collect
-from fdl_tasks.publish.verification_io import Delivery
+from fdl_tasks.publish.verification_io import Verification
 from fdl_tasks.tree.buildscripts import declared_inputs, host_path, rerun_declarations
 from fdl_tasks.tree.roots import WatchPlan, watch_plan
 from fdl_tasks.tree.scope import Kind, Scope, gone_directory, make_scope
@@ -427,8 +427,8 @@ def test_build_labels() -> None:
 
 def test_verified_text() -> None:
     assert verified_text(None) == "verification off (--no-verify)"
-    delivery = Delivery(verified=("a", "b"), unverified={"c": "unreachable"}, problems=())
-    assert verified_text(delivery) == "2 host(s) verified, 1 not verified: c (unreachable)"
+    verification = Verification(verified=("a", "b"), unverified={"c": "unreachable"}, problems=())
+    assert verified_text(verification) == "2 host(s) verified, 1 not verified: c (unreachable)"
 
 
 def test_stopped_line() -> None:
