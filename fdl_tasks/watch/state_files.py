@@ -133,7 +133,7 @@ def touch_stamp(files: WatchFiles) -> int | None:
         return None
 
 
-def hold_lock(files: WatchFiles) -> FileLock:
+def hold_lock(files: WatchFiles) -> FileLock[str]:
     """The watcher's lock, held for its lifetime: launch tells a live watcher by it."""
     lock = create_lock(files.lock)
     deadline = time.monotonic() + 2.0  # a launch may hold it shared for an instant
