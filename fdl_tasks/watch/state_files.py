@@ -124,7 +124,8 @@ class StateFile:
 
 
 def touch_stamp(files: WatchFiles) -> int | None:
-    """The file system's time now, in ns (its clock stamps the sources' times too)."""
+    """The file system's time now, in ns (its clock sets the sources' times too): the
+    stamp's mtime, which launch holds each change against."""
     try:
         files.stamp.touch()
         os.utime(files.stamp, None)
