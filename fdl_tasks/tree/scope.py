@@ -21,7 +21,8 @@ IGNORED_DIRS = frozenset(
     {".git", ".hg", ".svn", ".jj", "__pycache__", "node_modules", ".venv", ".mypy_cache"}
 )
 MANIFESTS = frozenset({"Cargo.toml", "Cargo.lock"})
-TOOLCHAIN_FILES = frozenset({"rust-toolchain", "rust-toolchain.toml"})
+#: rustup's files pinning the Rust release a project builds with.
+RUST_RELEASE_FILES = frozenset({"rust-toolchain", "rust-toolchain.toml"})
 CARGO_CONFIGS = frozenset({"config", "config.toml"})
 
 
@@ -115,7 +116,7 @@ class Scope:
             return Kind.MANIFEST
         if name.endswith(".rs"):
             return Kind.SOURCE
-        if name in TOOLCHAIN_FILES or (
+        if name in RUST_RELEASE_FILES or (
             name in CARGO_CONFIGS and posixpath.basename(posixpath.dirname(path)) == ".cargo"
         ):
             return Kind.BUILD_CONFIG
