@@ -38,8 +38,8 @@ from pathlib import Path
 
 from fdl_tasks.cargo.cargo_manifest import (
     MANIFEST,
+    ManifestReader,
     Package,
-    Reader,
     find_manifest,
     load_package,
     workspace_root,
@@ -113,7 +113,7 @@ def check_binary(
     The files answer first; before refusing, ``cargo metadata`` (when ``use_cargo`` and
     cargo can be run) gets the last word, see the module docstring.
     """
-    reader = Reader()
+    reader = ManifestReader()
     try:
         manifest = find_manifest(crate_dir)
         selected = default_packages(reader, manifest)
@@ -217,7 +217,9 @@ def _refusal(command: str, location: str, names: frozenset[str], hint: str) -> s
     return " ".join(parts) + hint
 
 
-def _elsewhere(reader: Reader, manifest: Path, selected: tuple[Package, ...], command: str) -> str:
+def _elsewhere(
+    reader: ManifestReader, manifest: Path, selected: tuple[Package, ...], command: str
+) -> str:
     """``; 'x' is in <dir> (package 'p') ...`` when another workspace member defines it
     (best effort: any unreadable manifest means no hint)."""
     try:

@@ -23,10 +23,10 @@ EXTRAS_FILE = "fdl-tasks.yml"
 #: ``controller.join.start``'s values.
 JOIN_STARTS = ("auto", "manual", "hybrid")
 
-Check = Callable[[object], str | None]
+ValueCheck = Callable[[object], str | None]
 #: A struct: each key's check (or nested struct, null allowed unless required), and whether
 #: serde requires the key.
-Struct = Mapping[str, tuple["Check | Struct", bool]]
+Struct = Mapping[str, tuple["ValueCheck | Struct", bool]]
 
 
 def _string(value: object) -> str | None:
@@ -36,7 +36,7 @@ def _string(value: object) -> str | None:
     return None
 
 
-def _whole(limit: int) -> Check:
+def _whole(limit: int) -> ValueCheck:
     def check(value: object) -> str | None:
         if not isinstance(value, int) or isinstance(value, bool):
             return f"expected an integer, got {kind_of(value)}"
@@ -98,7 +98,7 @@ def _anything(value: object) -> str | None:
     return None
 
 
-def _optional(check: Check) -> Check:
+def _optional(check: ValueCheck) -> ValueCheck:
     """serde's ``Option``: null is None."""
     return lambda value: None if value is None else check(value)
 

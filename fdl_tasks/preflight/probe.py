@@ -200,7 +200,7 @@ class Verdict:
     coverage: dict[str, object] | None = None
     #: The arch ``arch: auto`` chose for the host.
     arch: str | None = None
-    #: Why the host could not be asked: an ssh failure's kind (``outcomes.Kind``'s value).
+    #: Why the host could not be asked: an ssh failure's kind (``outcomes.FailureKind``'s value).
     failure: str | None = None
 
     def to_json(self) -> dict[str, object]:

@@ -22,7 +22,7 @@ import watchfiles
 from watchfiles._rust_notify import RustNotify
 
 from fdl_tasks.tree.roots import WatchPlan
-from fdl_tasks.tree.scope import Kind, Scope, gone_directory
+from fdl_tasks.tree.scope import ChangeKind, Scope, gone_directory
 from fdl_tasks.tree.snapshot import Snapshot, diff, settled
 from fdl_tasks.tree.workspace import walk_files
 from fdl_tasks.watch.polling import POLL_MS, mount_fstype, polling_choice
@@ -117,13 +117,13 @@ class FileWatch:
                 thread.join(timeout=5)
 
 
-def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, Kind], bool]:
+def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKind], bool]:
     """(the changes that count, whether the watch plan must be made again).
 
     A directory moved in whole sends one event: the files inside it are looked
     at. A new or removed directory changes what to watch.
     """
-    relevant: dict[str, Kind] = {}
+    relevant: dict[str, ChangeKind] = {}
     replan = False
     for change, path in changes:
         if change == watchfiles.Change.added and os.path.isdir(path):

@@ -11,7 +11,7 @@ from typing import Any
 
 from fdl_tasks.build.build_environment import Build
 from fdl_tasks.publish.verification_io import Verification
-from fdl_tasks.tree.scope import Kind, under
+from fdl_tasks.tree.scope import ChangeKind, under
 
 
 def shown(path: str, root: str) -> str:
@@ -19,7 +19,7 @@ def shown(path: str, root: str) -> str:
     return posixpath.relpath(path, root) if under(path, root) and path != root else path
 
 
-def describe_changes(changes: Mapping[str, Kind], root: str, limit: int = 3) -> str:
+def describe_changes(changes: Mapping[str, ChangeKind], root: str, limit: int = 3) -> str:
     """``ddp-bench/src/main.rs changed`` or ``4 files changed (a, b, c, …)``."""
     names = sorted(shown(p, root) for p in changes)
     if not names:

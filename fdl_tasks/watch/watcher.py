@@ -27,7 +27,7 @@ from pathlib import Path
 from fdl_tasks.core.reporting import Report
 from fdl_tasks.tree.roots import WatchPlan, watch_plan
 from fdl_tasks.tree.scan import scan
-from fdl_tasks.tree.scope import Kind, Scope
+from fdl_tasks.tree.scope import ChangeKind, Scope
 from fdl_tasks.tree.snapshot import Entry, Snapshot, changed_since, diff
 from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.filewatch import Changes, FileWatch, how_to_watch, relevant_changes
@@ -147,7 +147,7 @@ class Watcher:
         time.sleep(min(0.5 * 2 ** min(self._restarts, 5), 10.0))
         self.rewatch()
 
-    def next_batch(self) -> dict[str, Kind]:
+    def next_batch(self) -> dict[str, ChangeKind]:
         """Wait until the pending batch is due (handling watcher restarts meanwhile)."""
         while True:
             with self.cv:
