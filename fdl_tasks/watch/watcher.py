@@ -81,7 +81,7 @@ class Watcher:
         stops; then (and with ``catch_up``) the tree is compared with the cycle's start."""
         plan = self.plan()
         if self.watch is None or self.watch.plan != plan:
-            new = FileWatch(plan, self.polling, self.deliver, self.failed, self.look)
+            new = FileWatch(plan, self.polling, self.receive, self.failed, self.look)
             old, self.watch = self.watch, new.start()
             new.wait_ready()
             if old is not None:
@@ -110,9 +110,9 @@ class Watcher:
         now = self.look(self.watch.plan, self.baseline)
         changes = diff(self.baseline, now, self.stamp_ns)
         if changes:
-            self.deliver(changes)
+            self.receive(changes)
 
-    def deliver(self, changes: Changes) -> None:
+    def receive(self, changes: Changes) -> None:
         """A watcher thread's batch: what counts joins the pending batch."""
         relevant, replan = relevant_changes(self.scope, changes)
         with self.cv:
