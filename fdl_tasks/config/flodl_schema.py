@@ -117,7 +117,7 @@ DECLARED: Mapping[str, str] = {
     # workers: each entry is a worker, checked on its own
     "cluster": "controller:controller workers:any env=:env gpu_ram_share?:number",
 }
-_KINDS: Mapping[str, Check] = {
+_KINDS: Mapping[str, ValueCheck] = {
     "string": _string,
     "u16": _U16,
     "u64": _U64,
@@ -135,10 +135,10 @@ def _structs() -> dict[str, Struct]:
     """:data:`DECLARED` read, each struct after those it nests."""
     structs: dict[str, Struct] = {}
     for name, fields in DECLARED.items():
-        struct: dict[str, tuple[Check | Struct, bool]] = {}
+        struct: dict[str, tuple[ValueCheck | Struct, bool]] = {}
         for field in fields.split():
             key, _, kind = field.partition(":")
-            rule: Check | Struct = structs.get(kind) or _KINDS[kind or "string"]
+            rule: ValueCheck | Struct = structs.get(kind) or _KINDS[kind or "string"]
             bare = key.rstrip("?=")
             if key.endswith("?"):
                 assert callable(rule), "an Option of a struct is not declared"

@@ -171,12 +171,8 @@ def parse_facts(stdout: str) -> ProbeFacts | None:
 
 @attrs.frozen
 class ControllerAbi:
-    """The controller side of the ABI gate: the CPU and glibc every build runs on.
-
-    Not a :class:`~fdl_tasks.build.build_environment.BuildEnvironment` (one
-    worker's whole build setup): only what a host's ABI is compared with.
-    ``cross`` holds the CPU architectures the controller can also build for.
-    """
+    """The controller side of the ABI gate (not a build environment): the CPU and glibc
+    every build runs on; ``cross`` holds the CPU architectures it can also build for."""
 
     cpu_arch: str
     glibc: tuple[int, int] | None
