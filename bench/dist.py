@@ -11,8 +11,8 @@ use the compile cache, so the only difference is where the compiles run.
 
 - 7a: cold ``inv prebuild`` of the 3 variants, dist on vs off (A and B alternate);
 - 7b: the once-per-machine cost: the first dist run of the session, with an empty
-  toolchain store (sccache packs the Rust toolchain, ~200 MB, and sends it to the
-  server), vs the same with the store warm.
+  compiler package store (sccache packs the Rust compiler, ~200 MB, and sends it to
+  the server), vs the same with the store warm.
 
 On one 2-core machine the build server shares the cores with the client, so
 distributing cannot be faster: every compile still runs here, plus packing the
@@ -40,7 +40,8 @@ from rig.dist import DistRig, ServerSpec
 from rig.harness import builder_settings, rig_worker, write_cluster
 
 RESULTS = Path(__file__).resolve().parent / "dist-results.json"
-TOOLCHAINS = Path(f"{CACHE}-dist") / "toolchains"
+#: The compiler packages sccache-dist packs (its "toolchains", the directory's name).
+COMPILER_PACKAGES = Path(f"{CACHE}-dist") / "toolchains"
 
 
 class DistBench(CacheBench):
@@ -76,7 +77,7 @@ class DistBench(CacheBench):
         return write_cluster(self.work / name, controller, workers)
 
     def cold_prebuild(self, cluster: Path) -> float:
-        """A cold ``inv prebuild`` (empty target tree and cache; toolchain store kept)."""
+        """A cold ``inv prebuild`` (empty target tree and cache; compiler packages kept)."""
         shutil.rmtree(self.project / "flodl" / "target", ignore_errors=True)
         shutil.rmtree(CACHE, ignore_errors=True)
         run = self.inv("prebuild", "--cmd", flodl_crate.COMMAND, "--cluster-file", str(cluster))
@@ -104,13 +105,13 @@ def compare(bench: DistBench) -> list[Comparison]:
     cold = Comparison("7a", "cold prebuild, 3 variants", "dist on", "dist off", "on/off", "report")
     first = Comparison(
         "7b",
-        "first dist run: toolchain packed",
+        "first dist run: compiler package packed",
         "empty store",
         "warm store",
         "first/warm",
         "report",
     )
-    shutil.rmtree(TOOLCHAINS, ignore_errors=True)
+    shutil.rmtree(COMPILER_PACKAGES, ignore_errors=True)
     packed = bench.cold_prebuild(on)
     for rep in range(bench.reps):
         with_dist = bench.cold_prebuild(on)

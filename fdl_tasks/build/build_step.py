@@ -202,18 +202,16 @@ def record_builds(run: Run, results: Sequence[JobResult], *, mode: str) -> None:
         )
 
 
-
 def _wall(monotonic: float) -> float:
     """A monotonic instant as wall-clock seconds (file times are wall-clock)."""
     return time.time() - (time.monotonic() - monotonic)
 
 
-
 def cargo_report(target_dir: Path, *, since: float) -> Path | None:
     """The report cargo ``--timings`` wrote in this target dir for this build, if any.
 
-    cargo writes ``cargo-timing-<stamp>.html`` (and overwrites
-    ``cargo-timing.html``) per build; the newest stamped one written since the
+    cargo writes ``cargo-timing-<time>.html`` (and overwrites
+    ``cargo-timing.html``) per build; the newest timed one written since the
     build started is this build's, so a kept page keeps linking to its own.
     """
     reports = sorted((target_dir / CARGO_TIMINGS_DIR).glob("cargo-timing-*.html"))

@@ -31,8 +31,8 @@ import attrs
 
 from fdl_tasks.cache.cache_stats import DIST_STATUS_FILE, FALLBACKS_FILE, STATS_FILE
 from fdl_tasks.cache.dist_io import (
+    CONTAINER_COMPILER_PACKAGES,
     CONTAINER_DIST,
-    CONTAINER_TOOLCHAINS,
     START_LOCK,
     DistClient,
     connect_client,
@@ -86,7 +86,7 @@ class CompileCache:
         if self.dist:
             variables |= {
                 "RUSTC_WRAPPER": f"{CONTAINER_DIST}/sccache",
-                "FDL_DIST_LOCK": f"{CONTAINER_TOOLCHAINS}/{START_LOCK}",
+                "FDL_DIST_LOCK": f"{CONTAINER_COMPILER_PACKAGES}/{START_LOCK}",
                 "SCCACHE_CONF": f"{CONTAINER_DIST}/client.toml",
             }
         return variables
@@ -122,7 +122,7 @@ class CompileCache:
     def container_mounts(self) -> list[str]:
         """``-v`` values: the binary and the wrapper read-only, the cache read-write;
         with distributed compiles the dist wrapper and client configuration read-only,
-        the toolchain archives read-write."""
+        the compiler packages read-write."""
         mounts = [
             f"{self.binary}:{CONTAINER_SCCACHE}:ro",
             f"{self.wrapper}:{CONTAINER_WRAPPER}:ro",
@@ -131,7 +131,7 @@ class CompileCache:
         if self.dist:
             mounts += [
                 f"{self.dist.path('container')}:{CONTAINER_DIST}:ro",
-                f"{self.dist.path('toolchains', 'container')}:{CONTAINER_TOOLCHAINS}",
+                f"{self.dist.path('toolchains', 'container')}:{CONTAINER_COMPILER_PACKAGES}",
             ]
         return mounts
 

@@ -9,8 +9,8 @@ scheduler and its build servers are the user's, started with sccache's own
   that ``SCCACHE_CONF`` points at, read-only in containers;
 - a small wrapper, :data:`WRAPPER_SCRIPT`, as ``RUSTC_WRAPPER``: sccache
   compiles a unit remotely where it can, and a unit whose remote compile fails
-  (a static library that sccache does not ship, a toolchain the server cannot
-  run, a token the scheduler refuses) is compiled again locally, by the
+  (a static library that sccache does not ship, a compiler package the server
+  cannot run, a token the scheduler refuses) is compiled again locally, by the
   compiler alone, whose result is the one cargo gets;
 - the counts read back: remote compiles next to the cache's hits.
 
@@ -66,18 +66,19 @@ def toml_string(text: str) -> str:
     return '"' + "".join(escaped) + '"'
 
 
-def client_config(scheduler_url: str, token: str, toolchain_dir: str) -> str:
-    """The sccache client configuration: the scheduler, the token, the toolchain cache.
+def client_config(scheduler_url: str, token: str, packages_dir: str) -> str:
+    """The sccache client configuration: the scheduler, the token, the compiler packages.
 
-    ``toolchain_dir`` is where sccache keeps the toolchain archives it packs
-    and ships (a few hundred MB per Rust toolchain, packed once, then reused).
+    ``packages_dir`` is where sccache keeps the compiler packages it packs and
+    ships (its "toolchains": a few hundred MB per Rust release, packed once, then
+    reused).
     """
     return (
         "# Written by fdl-tasks for its builds; holds a secret (mode 0600).\n"
         "[dist]\n"
         f"scheduler_url = {toml_string(scheduler_url)}\n"
         "toolchains = []\n"
-        f"cache_dir = {toml_string(toolchain_dir)}\n"
+        f"cache_dir = {toml_string(packages_dir)}\n"
         "\n"
         "[dist.auth]\n"
         'type = "token"\n'

@@ -32,10 +32,11 @@ from fdl_tasks.core.reporting import Report, Severity
 
 #: Where a container sees the dist client's wrapper and configuration (read-only).
 CONTAINER_DIST = "/opt/fdl-sccache-dist"
-#: Where a container sees the toolchain archives sccache packs and ships (read-write).
-CONTAINER_TOOLCHAINS = "/fdl-sccache-toolchains"
-#: Locked while a build's sccache server starts (servers sharing the toolchain
-#: archives must not start together: each start empties sccache's scratch directory).
+#: Where a container sees the compiler packages sccache packs and ships (read-write;
+#: the path keeps sccache's own word for them, "toolchains").
+CONTAINER_COMPILER_PACKAGES = "/fdl-sccache-toolchains"
+#: Locked while a build's sccache server starts (servers sharing the compiler
+#: packages must not start together: each start empties sccache's scratch directory).
 START_LOCK = ".fdl-sccache-start.lock"
 #: Seconds the scheduler may take to answer before any build.
 SCHEDULER_TIMEOUT = 5.0
@@ -46,10 +47,10 @@ class DistClient:
     """The controller's side of distributed compiles: the scheduler, and the directory
     (beside the cache, ``<cache>-dist``, mode 0700) holding the wrapper and the client
     configuration for native builds (``native/``) and containers (``container/``), and
-    the toolchain archives sccache packs and ships (``toolchains/native``,
-    ``toolchains/container``: sccache knows a packed toolchain by the compiler's
+    the compiler packages sccache packs and ships (``toolchains/native``,
+    ``toolchains/container``, sccache's name: it knows a package by the compiler's
     contents alone, not its path, so the same rustc seen at another path in a
-    container must not find the native archive, whose paths it would not run)."""
+    container must not find the native package, whose paths it would not run)."""
 
     scheduler_url: str
     directory: str
@@ -184,23 +185,24 @@ def probe_scheduler(
 
 
 def _write_client_files(client: DistClient, token: str) -> None:
-    """``<cache>-dist/{native,container}/{sccache,client.toml}`` and ``toolchains/*``:
+    """``<cache>-dist/{native,container}/{sccache,client.toml}`` and ``toolchains/*`` (the
+    compiler packages):
     the directory 0700, the configurations (which hold the token) 0600."""
     try:
         root = Path(client.directory)
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         root.chmod(0o700)
-        toolchains = root / "toolchains"
-        toolchains.mkdir(exist_ok=True)
-        for name, toolchain_dir in (
-            ("native", str(toolchains / "native")),
-            ("container", CONTAINER_TOOLCHAINS),
+        packages = root / "toolchains"
+        packages.mkdir(exist_ok=True)
+        for name, packages_dir in (
+            ("native", str(packages / "native")),
+            ("container", CONTAINER_COMPILER_PACKAGES),
         ):
-            (toolchains / name).mkdir(exist_ok=True)
+            (packages / name).mkdir(exist_ok=True)
             directory = root / name
             directory.mkdir(exist_ok=True)
             _write_private(directory / "sccache", WRAPPER_SCRIPT, 0o755)
-            config = client_config(client.scheduler_url, token, toolchain_dir)
+            config = client_config(client.scheduler_url, token, packages_dir)
             _write_private(directory / "client.toml", config, 0o600)
     except OSError as exc:
         raise FdlError(

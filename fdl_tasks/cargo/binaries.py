@@ -15,7 +15,7 @@ the refusal names that member's directory.
 Files first, cargo only before refusing. Reading the manifests takes about a
 millisecond (no subprocess) and works on Docker-mode controllers, which often
 have no cargo; ``cargo metadata --no-deps --offline`` takes 0.1-0.5 s and needs
-a toolchain on the controller, so it is not worth paying when the name is
+Rust installed on the controller, so it is not worth paying when the name is
 found. It is asked only on the refusal path (when cargo is on ``PATH``): its
 ``workspace_default_members`` run from the crate directory are exactly the
 selected packages, so a name it knows is accepted even if the manifest reading missed it
@@ -38,8 +38,8 @@ from pathlib import Path
 
 from fdl_tasks.cargo.cargo_manifest import (
     MANIFEST,
+    ManifestReader,
     Package,
-    Reader,
     find_manifest,
     load_package,
     workspace_root,
@@ -85,7 +85,7 @@ def cargo_binary_names(
 
     ``None`` when cargo (``cargo``, else ``cargo`` on ``PATH``) is missing, fails, takes
     longer than ``timeout`` seconds, or prints something unexpected. rustup may not
-    install a toolchain for it (``RUSTUP_AUTO_INSTALL=0``).
+    install a Rust release for it (``RUSTUP_AUTO_INSTALL=0``).
     """
     program = cargo or shutil.which("cargo")
     if program is None:
@@ -113,7 +113,7 @@ def check_binary(
     The files answer first; before refusing, ``cargo metadata`` (when ``use_cargo`` and
     cargo can be run) gets the last word, see the module docstring.
     """
-    reader = Reader()
+    reader = ManifestReader()
     try:
         manifest = find_manifest(crate_dir)
         selected = default_packages(reader, manifest)
@@ -217,7 +217,9 @@ def _refusal(command: str, location: str, names: frozenset[str], hint: str) -> s
     return " ".join(parts) + hint
 
 
-def _elsewhere(reader: Reader, manifest: Path, selected: tuple[Package, ...], command: str) -> str:
+def _elsewhere(
+    reader: ManifestReader, manifest: Path, selected: tuple[Package, ...], command: str
+) -> str:
     """``; 'x' is in <dir> (package 'p') ...`` when another workspace member defines it
     (best effort: any unreadable manifest means no hint)."""
     try:

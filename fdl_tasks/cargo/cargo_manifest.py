@@ -2,7 +2,7 @@
 package belongs to, and which binaries a package defines.
 
 No cargo and no subprocess: each ``Cargo.toml`` is parsed with ``tomllib`` (TOML 1.0)
-at most once per :class:`Reader`. Which packages ``cargo build --bin`` picks among is
+at most once per :class:`ManifestReader`. Which packages ``cargo build --bin`` picks among is
 :mod:`fdl_tasks.cargo.cargo_workspace`'s part.
 
 What cargo does, and what this module models (checked against cargo 1.95):
@@ -63,7 +63,7 @@ def find_manifest(crate_dir: Path) -> Path:
 # ---------------------------------------------------------------------------- reading manifests
 
 
-class Reader:
+class ManifestReader:
     """Parsed manifests, each file read once per question."""
 
     def __init__(self) -> None:
@@ -117,7 +117,7 @@ def _loose_strings(value: Any) -> list[str]:
     return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
-def workspace_root(reader: Reader, manifest: Path) -> Path | None:
+def workspace_root(reader: ManifestReader, manifest: Path) -> Path | None:
     """The root manifest of the workspace the package at ``manifest`` belongs to:
     itself, ``package.workspace``, else the nearest parent root that does not exclude it."""
     data = reader.read(manifest)
@@ -149,7 +149,7 @@ def workspace_root(reader: Reader, manifest: Path) -> Path | None:
 # ---------------------------------------------------------------------------- one package
 
 
-def load_package(reader: Reader, manifest: Path) -> Package:
+def load_package(reader: ManifestReader, manifest: Path) -> Package:
     """The package ``manifest`` defines, with every binary cargo builds from it."""
     data = reader.read(manifest)
     package = package_table(data, manifest)
@@ -207,7 +207,7 @@ def _inferred_bins(directory: Path, package_name: str) -> list[tuple[str, Path]]
     return found
 
 
-def _edition_2015(reader: Reader, manifest: Path, package: dict[str, Any]) -> bool:
+def _edition_2015(reader: ManifestReader, manifest: Path, package: dict[str, Any]) -> bool:
     """Whether the package is edition 2015 (no ``edition`` key); an inherited edition
     that cannot be read counts as a newer one (more binaries, never a false refusal)."""
     edition = package.get("edition")

@@ -32,8 +32,8 @@ from typing import Any
 
 from fdl_tasks.cargo.cargo_manifest import (
     MANIFEST,
+    ManifestReader,
     Package,
-    Reader,
     checked_table,
     find_manifest,
     is_excluded,
@@ -54,10 +54,10 @@ _DEP_TABLES = (
 
 def selected_packages(crate_dir: Path) -> tuple[Package, ...]:
     """The packages ``cargo build --bin X`` (no ``-p``) chooses among in ``crate_dir``."""
-    return default_packages(Reader(), find_manifest(crate_dir))
+    return default_packages(ManifestReader(), find_manifest(crate_dir))
 
 
-def default_packages(reader: Reader, manifest: Path) -> tuple[Package, ...]:
+def default_packages(reader: ManifestReader, manifest: Path) -> tuple[Package, ...]:
     """The packages cargo selects by default when run where ``manifest`` is found."""
     data = reader.read(manifest)
     workspace = checked_table(data, "workspace", manifest)
@@ -105,7 +105,7 @@ def _expand(root: Path, pattern: str) -> list[Path]:
     return _unique(norm(m) for m in matches if os.path.isdir(m))
 
 
-def workspace_members(reader: Reader, root_manifest: Path) -> list[Path]:
+def workspace_members(reader: ManifestReader, root_manifest: Path) -> list[Path]:
     """Every member manifest of the workspace rooted at ``root_manifest`` (cargo's
     ``find_members``: the listed members, the root package, their path dependencies)."""
     root = root_manifest.parent

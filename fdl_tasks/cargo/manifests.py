@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from fdl_tasks.cargo.cargo_manifest import Reader, find_manifest, workspace_root
+from fdl_tasks.cargo.cargo_manifest import ManifestReader, find_manifest, workspace_root
 from fdl_tasks.cargo.cargo_workspace import workspace_members
 from fdl_tasks.core.errors import FdlError
 
 
 def dependency_files(crate_dir: Path) -> list[Path]:
     """The workspace's manifests, its ``Cargo.lock`` and cargo config files."""
-    reader = Reader()
+    reader = ManifestReader()
     manifest = find_manifest(crate_dir)
     root = workspace_root(reader, manifest) or manifest
     files = [manifest, root, *workspace_members(reader, root), root.parent / "Cargo.lock"]

@@ -23,10 +23,10 @@ EXTRAS_FILE = "fdl-tasks.yml"
 #: ``controller.join.start``'s values.
 JOIN_STARTS = ("auto", "manual", "hybrid")
 
-Check = Callable[[object], str | None]
+ValueCheck = Callable[[object], str | None]
 #: A struct: each key's check (or nested struct, null allowed unless required), and whether
 #: serde requires the key.
-Struct = Mapping[str, tuple["Check | Struct", bool]]
+Struct = Mapping[str, tuple["ValueCheck | Struct", bool]]
 
 
 def _string(value: object) -> str | None:
@@ -36,7 +36,7 @@ def _string(value: object) -> str | None:
     return None
 
 
-def _whole(limit: int) -> Check:
+def _whole(limit: int) -> ValueCheck:
     def check(value: object) -> str | None:
         if not isinstance(value, int) or isinstance(value, bool):
             return f"expected an integer, got {kind_of(value)}"
@@ -98,7 +98,7 @@ def _anything(value: object) -> str | None:
     return None
 
 
-def _optional(check: Check) -> Check:
+def _optional(check: ValueCheck) -> ValueCheck:
     """serde's ``Option``: null is None."""
     return lambda value: None if value is None else check(value)
 
@@ -117,7 +117,7 @@ DECLARED: Mapping[str, str] = {
     # workers: each entry is a worker, checked on its own
     "cluster": "controller:controller workers:any env=:env gpu_ram_share?:number",
 }
-_KINDS: Mapping[str, Check] = {
+_KINDS: Mapping[str, ValueCheck] = {
     "string": _string,
     "u16": _U16,
     "u64": _U64,
@@ -135,10 +135,10 @@ def _structs() -> dict[str, Struct]:
     """:data:`DECLARED` read, each struct after those it nests."""
     structs: dict[str, Struct] = {}
     for name, fields in DECLARED.items():
-        struct: dict[str, tuple[Check | Struct, bool]] = {}
+        struct: dict[str, tuple[ValueCheck | Struct, bool]] = {}
         for field in fields.split():
             key, _, kind = field.partition(":")
-            rule: Check | Struct = structs.get(kind) or _KINDS[kind or "string"]
+            rule: ValueCheck | Struct = structs.get(kind) or _KINDS[kind or "string"]
             bare = key.rstrip("?=")
             if key.endswith("?"):
                 assert callable(rule), "an Option of a struct is not declared"

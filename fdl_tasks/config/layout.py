@@ -8,7 +8,7 @@ Pure logic. The tree, relative to the project root::
       _envelopes/<command>.json            the published envelope of each command
       _envelopes/<command>.sources.json    its sidecar: the tree each host's binary was built from
       _watch/                              ``prebuild --watch`` state
-      _timings/<command>-<stamp>.html      ``--timings`` pages, the last few per command
+      _timings/<command>-<started>.html    ``--timings`` pages, the last few per command
       _prebuild.lock                       one prebuild (or clean) per project at a time
 
 A shared target dir is keyed by what changes the compiled output of every
@@ -134,9 +134,9 @@ def log_file(target_dir: str, command: str) -> str:
     return f"{target_dir}/build-{command}.log"
 
 
-def timings_page(command: str, stamp: str) -> str:
-    """One run's ``--timings`` page; ``stamp`` (UTC, sortable) orders the kept pages."""
-    return f"{TIMINGS_DIR}/{command}-{stamp}.html"
+def timings_page(command: str, started: str) -> str:
+    """One run's ``--timings`` page; ``started`` (UTC, sortable) orders the kept pages."""
+    return f"{TIMINGS_DIR}/{command}-{started}.html"
 
 
 def envelope_file(command: str) -> str:

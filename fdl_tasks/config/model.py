@@ -119,7 +119,7 @@ class CrossSetup:
     Debian and Ubuntu name for the architecture, the ``docker run`` image or
     the compose service of the native builds. ``run_args`` and ``env``, when
     given, replace ``controller.docker``'s for this architecture's builds (a
-    cross image rarely wants the native image's toolchain mounts).
+    cross image rarely wants the mounts that bring the native image its Rust).
     """
 
     target: RustTarget | None = None

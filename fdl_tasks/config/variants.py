@@ -5,18 +5,20 @@ Pure; every path to a variant's directory is computed here.
 
 from __future__ import annotations
 
-import re
-
 import attrs
 
 from fdl_tasks.config.model import Arch, Worker
 from fdl_tasks.core.errors import FdlError
-from fdl_tasks.gpu.gpus import features_for, runtime_library_path, vendor_of
+from fdl_tasks.gpu.gpus import (
+    cuda_release,
+    features_for,
+    named_cuda,
+    runtime_library_path,
+    vendor_of,
+)
 
 #: The image template fields an arch's CUDA version fills in.
 CUDA_VERSION_FIELD, CUDA_TAG_FIELD = "{cuda_version}", "{cuda_tag}"
-_CUDA = re.compile(r"cu(\d+)(\d)(?![0-9])")
-_CUDA_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 def cargo_features(arch: Arch, explicit: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -34,18 +36,19 @@ class Cuda:
 
     @classmethod
     def parse(cls, text: str) -> Cuda | None:
-        """``12.8`` → ``12.8.0`` / ``12.8``; ``12.6.3`` → ``12.6.3`` / ``12.6``."""
-        match = _CUDA_VERSION.fullmatch(text)
-        if match is None:
+        """``12.8`` → ``12.8.0`` / ``12.8``; ``12.6.3`` → ``12.6.3`` / ``12.6``
+        (read by :func:`fdl_tasks.gpu.gpus.cuda_release`, the one parser)."""
+        release = cuda_release(text)
+        if release is None:
             return None
-        major, minor, patch = match.groups()
-        return cls(f"{major}.{minor}.{patch or 0}", f"{major}.{minor}")
+        major, minor, patch = release
+        return cls(f"{major}.{minor}.{patch}", f"{major}.{minor}")
 
 
 def arch_cuda(arch: Arch) -> Cuda | None:
     """``precompiled/cu128`` → CUDA 12.8(.0); source builds and ``cpu`` encode none."""
-    match = _CUDA.match(arch.rsplit("/", 1)[-1])
-    return Cuda.parse(f"{int(match.group(1))}.{match.group(2)}") if match else None
+    named = named_cuda(arch)
+    return Cuda.parse(f"{named[0]}.{named[1]}") if named else None
 
 
 def require_arch(worker: Worker) -> Arch:

@@ -1,9 +1,11 @@
-"""The one ``flock`` helper: the project lock, ``clean``'s and the watcher's use it.
+"""The one ``flock`` helper: the project lock, ``clean``'s, the watcher's and the
+``known_hosts`` appends use it.
 
 A lock file is opened once and held by its open stream; taking it never blocks
 unless asked to, so each caller decides what a busy lock means (wait, refuse,
-poll). The holder writes ``pid N`` into the file, for the message of whoever
-finds it busy.
+poll). The holder of a lock file writes ``pid N`` into it, for the message of
+whoever finds it busy; a data file locked while it is appended to (``known_hosts``)
+is opened by its user, in binary, and locked as it is.
 """
 
 from __future__ import annotations
@@ -14,29 +16,31 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, AnyStr, Generic, Self
 
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.reporting import Report, Severity
 
 
-class FileLock:
-    """An open lock file; closing it releases the lock."""
+class FileLock(Generic[AnyStr]):
+    """An open file, locked with ``flock`` (text for a lock file, binary for a data
+    file); closing it releases the lock."""
 
-    def __init__(self, path: Path, stream: IO[str]) -> None:
-        self.path, self.stream = path, stream
+    def __init__(self, path: Path, stream: IO[AnyStr]) -> None:
+        self.path = path
+        self.stream: IO[AnyStr] = stream
 
     @classmethod
-    def create(cls, path: Path) -> FileLock:
+    def create(cls, path: Path) -> FileLock[str]:
         """Open ``path`` for locking, made with its directory if missing (``OSError`` if not)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        return cls(path, path.open("a+"))
+        return FileLock(path, path.open("a+"))
 
     @classmethod
-    def existing(cls, path: Path) -> FileLock | None:
+    def existing(cls, path: Path) -> FileLock[str] | None:
         """Open ``path`` for locking only if it is there (``None`` when it cannot be read)."""
         try:
-            return cls(path, path.open("r"))
+            return FileLock(path, path.open("r"))
         except OSError:
             return None
 
@@ -53,14 +57,14 @@ class FileLock:
     def release(self) -> None:
         fcntl.flock(self.stream, fcntl.LOCK_UN)
 
-    def holder(self) -> str:
+    def holder(self: FileLock[str]) -> str:
         """What the holder wrote about itself, else ``another process``."""
         with contextlib.suppress(OSError):
             self.stream.seek(0)
             return self.stream.read().strip() or "another process"
         return "another process"
 
-    def claim(self) -> None:
+    def claim(self: FileLock[str]) -> None:
         """Write ``pid N`` (a courtesy for messages: a full disk may refuse it)."""
         with contextlib.suppress(OSError):
             self.stream.seek(0)
@@ -71,7 +75,7 @@ class FileLock:
     def close(self) -> None:
         self.stream.close()
 
-    def __enter__(self) -> FileLock:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -83,7 +87,7 @@ class FileLock:
         self.close()
 
 
-def create_lock(path: Path) -> FileLock:
+def create_lock(path: Path) -> FileLock[str]:
     """:meth:`FileLock.create`, a failure said as the target tree not being writable."""
     try:
         return FileLock.create(path)

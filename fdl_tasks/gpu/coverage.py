@@ -10,7 +10,14 @@ import re
 
 import attrs
 
-from fdl_tasks.gpu.gpus import VENDOR_NAMES, Gpu, GpuReport, Vendor, basename
+from fdl_tasks.gpu.gpus import (
+    VENDOR_NAMES,
+    Gpu,
+    GpuReport,
+    Vendor,
+    cuda_release,
+    named_cuda,
+)
 
 #: The oldest Linux driver each CUDA major release runs on, with CUDA's minor version
 #: compatibility. Source: NVIDIA, "CUDA Compatibility" (docs.nvidia.com/deploy/
@@ -19,7 +26,6 @@ from fdl_tasks.gpu.gpus import VENDOR_NAMES, Gpu, GpuReport, Vendor, basename
 #: 13.x >= 580.
 CUDA_MIN_DRIVER: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
 
-_CUDA_NAME = re.compile(r"cu(\d+)(\d)(?![0-9])")
 _CAPABILITY = re.compile(r"(?:sm_|compute_)?(\d+)\.?(\d)([af])?(\+ptx)?", re.IGNORECASE)
 
 
@@ -93,10 +99,9 @@ def variant_cuda(arch: str, info: ArchFile | None) -> tuple[int, int] | None:
     """The variant's CUDA release: ``.arch``'s ``cuda=``, else a ``cuNNN`` basename."""
     text = info.cuda if info and info.cuda else None
     if text:
-        match = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?", text)
-        return (int(match.group(1)), int(match.group(2))) if match else None
-    name = _CUDA_NAME.match(basename(arch))
-    return (int(name.group(1)), int(name.group(2))) if name else None
+        release = cuda_release(text)
+        return (int(release[0]), int(release[1])) if release else None
+    return named_cuda(arch)
 
 
 def driver_version(text: str | None) -> tuple[int, ...] | None:

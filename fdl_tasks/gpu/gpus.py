@@ -25,10 +25,30 @@ VENDOR_NAMES: dict[Vendor, str] = {"cpu": "CPU-only", "nvidia": "NVIDIA", "amd":
 
 _NVIDIA_NAME = re.compile(r"(?:cu|sm)\d")
 _AMD_NAME = re.compile(r"(?:rocm|gfx)\d")
+_CUDA_NAME = re.compile(r"cu(\d+)(\d)(?![0-9])")
+_CUDA_RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 def basename(arch: str) -> str:
     return arch.rstrip("/").rsplit("/", 1)[-1]
+
+
+def cuda_release(text: str) -> tuple[str, str, str] | None:
+    """``12.8`` → ``("12", "8", "0")``, ``12.6.3`` → ``("12", "6", "3")``: a CUDA release
+    as an ``.arch`` file's ``cuda=`` or a ``cuda_version`` setting writes it, its digits
+    kept as written (an image tag repeats them); ``None`` for anything else."""
+    match = _CUDA_RELEASE.fullmatch(text)
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return major, minor, patch or "0"
+
+
+def named_cuda(arch: str) -> tuple[int, int] | None:
+    """``precompiled/cu128`` → ``(12, 8)``: the CUDA release a variant's basename encodes
+    (flodl's ``cu<major><minor>``); source builds and ``cpu`` encode none."""
+    match = _CUDA_NAME.match(basename(arch))
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def classify(arch: str) -> Vendor | None:

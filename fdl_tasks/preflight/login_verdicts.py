@@ -17,12 +17,12 @@ from collections.abc import Collection, Mapping, Sequence
 
 from fdl_tasks.core.errors import FdlError, LoginRefused, NothingVerified
 from fdl_tasks.preflight.probe import Verdict
-from fdl_tasks.ssh.outcomes import CONFIG_KINDS, Failure, Kind
+from fdl_tasks.ssh.outcomes import CONFIG_KINDS, Failure, FailureKind
 
 
-def is_error(kind: Kind, login_errors: str) -> bool:
+def is_error(kind: FailureKind, login_errors: str) -> bool:
     """Whether a failure of that kind is an error (``login_errors``: the setting)."""
-    return kind is Kind.HOST_KEY or (kind in CONFIG_KINDS and login_errors == "error")
+    return kind is FailureKind.HOST_KEY or (kind in CONFIG_KINDS and login_errors == "error")
 
 
 def failed_verdict(host: str, data_path: str, failure: Failure, login_errors: str) -> Verdict:

@@ -26,7 +26,7 @@ from fdl_tasks.preflight.gpu_gate import gate
 from fdl_tasks.preflight.login_verdicts import failed_verdict
 from fdl_tasks.preflight.nccl import nccl_skew
 from fdl_tasks.preflight.probe import (
-    BuildEnvironment,
+    ControllerAbi,
     ProbeRequest,
     Status,
     Verdict,
@@ -39,7 +39,7 @@ from fdl_tasks.ssh.remote import Fleet
 from fdl_tasks.timings.recording import round_trips, step
 
 
-def local_build_environment(cross: Iterable[str] = ()) -> BuildEnvironment:
+def controller_abi(cross: Iterable[str] = ()) -> ControllerAbi:
     """The controller's machine and glibc: what a native or Docker build targets.
 
     Docker images run on the controller's kernel, so the CPU architecture is
@@ -49,7 +49,7 @@ def local_build_environment(cross: Iterable[str] = ()) -> BuildEnvironment:
     glibc = os.confstr("CS_GNU_LIBC_VERSION") or ""
     parts = glibc.split()[-1].split(".")[:2] if glibc.startswith("glibc") else []
     version = (int(parts[0]), int(parts[1])) if len(parts) == 2 else None
-    return BuildEnvironment(platform.machine(), version, frozenset(cross))
+    return ControllerAbi(platform.machine(), version, frozenset(cross))
 
 
 def controller_entry(cluster: Cluster, label: str) -> Worker | Controller:
@@ -78,7 +78,7 @@ def probe_controller(cluster: Cluster, label: str, settings: Settings) -> Verdic
         facts = parse_facts(done.stdout)
     except subprocess.TimeoutExpired:
         facts = None
-    return judge(label, request, facts, local_build_environment(), local=True)
+    return judge(label, request, facts, controller_abi(), local=True)
 
 
 def probe_remotes(
@@ -99,7 +99,7 @@ def probe_remotes(
     when known, whose directory each shared host must see."""
     requests = {w.host: ProbeRequest.for_host(w, abi, crate, source) for w in workers}
     outcomes = fleet.run({h: r.script() for h, r in requests.items()}, settings.probe_timeout)
-    build = local_build_environment(cross)
+    controller = controller_abi(cross)
     pins = {w.host: w.cpu_arch for w in workers}
     by_host = {w.host: w for w in workers}
     verdicts = []
@@ -113,7 +113,7 @@ def probe_remotes(
             )
         else:
             facts = parse_facts(outcome.stdout)
-            verdict = judge(host, request, facts, build, pinned=pins[host])
+            verdict = judge(host, request, facts, controller, pinned=pins[host])
             if root is not None:
                 verdict = gate(verdict, by_host[host], root)
         verdicts.append(verdict)
@@ -140,7 +140,7 @@ def dry_run_lines(run: Run, *, abi: bool, crate: str | None = None) -> list[str]
 def cross_cpu_archs(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str]:
     """Hosts whose CPU architecture (``cpu_arch``, else preflight's ``uname -m``) is not
     the controller's: they get cross builds."""
-    native = local_build_environment().cpu_arch
+    native = controller_abi().cpu_arch
     seen = {v.host: v.facts.cpu_arch for v in verdicts if v.facts and v.facts.cpu_arch}
     cpu_archs = {w.host: w.cpu_arch or seen.get(w.host) for w in run.remotes}
     return {host: cpu for host, cpu in cpu_archs.items() if cpu and cpu != native}

@@ -170,11 +170,9 @@ def parse_facts(stdout: str) -> ProbeFacts | None:
 
 
 @attrs.frozen
-class BuildEnvironment:
-    """The controller side of the ABI gate: where the shipped binary is built.
-
-    ``cross`` holds the CPU architectures the controller can also build for.
-    """
+class ControllerAbi:
+    """The controller side of the ABI gate (not a build environment): the CPU and glibc
+    every build runs on; ``cross`` holds the CPU architectures it can also build for."""
 
     cpu_arch: str
     glibc: tuple[int, int] | None
@@ -198,7 +196,7 @@ class Verdict:
     coverage: dict[str, object] | None = None
     #: The arch ``arch: auto`` chose for the host.
     arch: str | None = None
-    #: Why the host could not be asked: an ssh failure's kind (``outcomes.Kind``'s value).
+    #: Why the host could not be asked: an ssh failure's kind (``outcomes.FailureKind``'s value).
     failure: str | None = None
 
     def to_json(self) -> dict[str, object]:
@@ -232,7 +230,7 @@ def judge(
     host: str,
     request: ProbeRequest,
     facts: ProbeFacts | None,
-    build: BuildEnvironment,
+    controller: ControllerAbi,
     *,
     local: bool = False,
     pinned: str | None = None,
@@ -253,7 +251,7 @@ def judge(
     if request.paths is not None and facts is not None:
         errors += request.paths.errors(host, facts.missing)
     if request.abi and facts is not None:
-        _abi_gate(facts, build, pinned, errors, warnings)
+        _abi_gate(facts, controller, pinned, errors, warnings)
     if request.variant is not None and facts is not None and facts.unmet:
         errors.append(request.variant.error(facts.unmet))
     status: Status = "error" if errors else "warning" if warnings else "ok"
@@ -268,7 +266,7 @@ def default_data_note(path: str) -> str:
 
 def _abi_gate(
     facts: ProbeFacts,
-    build: BuildEnvironment,
+    controller: ControllerAbi,
     pinned: str | None,
     errors: list[str],
     warnings: list[str],
@@ -278,10 +276,10 @@ def _abi_gate(
         errors.append(f"cpu_arch pins {pinned}, but 'uname -m' says {facts.cpu_arch}")
     elif cpu_arch is None:
         warnings.append("'uname -m' gave no answer: CPU architecture not checked")
-    elif cpu_arch != build.cpu_arch and cpu_arch not in build.cross:
+    elif cpu_arch != controller.cpu_arch and cpu_arch not in controller.cross:
         errors.append(
             f"CPU architecture {cpu_arch} differs from the build environment's "
-            f"{build.cpu_arch} and controller.cross has no entry for {cpu_arch}: add "
+            f"{controller.cpu_arch} and controller.cross has no entry for {cpu_arch}: add "
             f"'cross: {{{cpu_arch}: {{}}}}' under controller (with an 'image:' or "
             "'service:' that can cross-build, in Docker) to build it its own binary"
         )
@@ -289,10 +287,10 @@ def _abi_gate(
         errors.append("musl libc: the build images are glibc-based, the binary cannot run there")
     elif facts.glibc is None:
         warnings.append(f"libc not recognised ({facts.libc or 'no answer from ldd --version'})")
-    elif build.glibc is not None and facts.glibc < build.glibc:
+    elif controller.glibc is not None and facts.glibc < controller.glibc:
         warnings.append(
             f"glibc {_version(facts.glibc)} is older than the build environment's "
-            f"{_version(build.glibc)}: the binary's real needs are checked after "
+            f"{_version(controller.glibc)}: the binary's real needs are checked after "
             "the build"
         )
     if facts.pkill is False:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from fdl_tasks.preflight.probe import BEGIN, END, marked_answers
 
-#: A file's size in bytes and its modification time in whole seconds.
-Stamp = tuple[int, int]
+#: A file's size in bytes and its modification time in whole seconds: which version it is.
+SizeAndTime = tuple[int, int]
 
 
 def listing_script(directory: str) -> str:
@@ -32,11 +32,11 @@ def listing_script(directory: str) -> str:
     )
 
 
-def parse_listing(stdout: str) -> dict[str, Stamp] | None:
+def parse_listing(stdout: str) -> dict[str, SizeAndTime] | None:
     answers = marked_answers(stdout)
     if answers is None:
         return None
-    found: dict[str, Stamp] = {}
+    found: dict[str, SizeAndTime] = {}
     for line in answers.every("f"):
         size, mtime, path = [*line.split(" ", 2), "", ""][:3]
         if size.isdigit() and path:
@@ -44,6 +44,6 @@ def parse_listing(stdout: str) -> dict[str, Stamp] | None:
     return found
 
 
-def changed(local: Mapping[str, Stamp], remote: Mapping[str, Stamp]) -> list[str]:
+def changed(local: Mapping[str, SizeAndTime], remote: Mapping[str, SizeAndTime]) -> list[str]:
     """The controller's files the host lacks or holds in another version, in order."""
-    return sorted(path for path, stamp in local.items() if remote.get(path) != stamp)
+    return sorted(path for path, version in local.items() if remote.get(path) != version)

@@ -23,7 +23,7 @@ from fdl_tasks.config.run import Run
 from fdl_tasks.config.variants import libtorch_dir, require_arch
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.publish.delivery import PART_INFIX, megabytes
-from fdl_tasks.publish.libtorch_push import Stamp, changed, listing_script, parse_listing
+from fdl_tasks.publish.libtorch_push import SizeAndTime, changed, listing_script, parse_listing
 from fdl_tasks.ssh.outcomes import Failure
 from fdl_tasks.ssh.remote import Fleet
 
@@ -31,9 +31,9 @@ from fdl_tasks.ssh.remote import Fleet
 PROGRESS_BYTES = 256 << 20
 
 
-def local_files(directory: Path) -> dict[str, Stamp]:
+def local_files(directory: Path) -> dict[str, SizeAndTime]:
     """The controller's files of a variant (links followed), as the host would list them."""
-    found: dict[str, Stamp] = {}
+    found: dict[str, SizeAndTime] = {}
     for parent, _, files in os.walk(directory, followlinks=True):
         for name in files:
             path = Path(parent) / name

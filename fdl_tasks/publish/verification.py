@@ -74,7 +74,7 @@ def parse_verification(stdout: str) -> RemoteCopy | None:
     )
 
 
-def delivery_problems(
+def copy_problems(
     host: str, path: str, copy: RemoteCopy, expected_sha: str, needed_glibc: tuple[int, int] | None
 ) -> list[str]:
     """Every reason this host cannot run the binary the controller built."""

@@ -1,4 +1,4 @@
-"""Verify delivery over the preflight fan-out, with a short retry for lagging mounts;
+"""Verify each host's binary over the preflight fan-out, with a short retry for lagging mounts;
 what a run's verification comes to (:mod:`fdl_tasks.preflight.login_verdicts`)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from fdl_tasks.preflight.probe import Verdict
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.verification import (
     RemoteCopy,
-    delivery_problems,
+    copy_problems,
     parse_verification,
     verification_script,
 )
@@ -35,9 +35,10 @@ from fdl_tasks.timings.recording import round_trips
 
 
 @attrs.frozen(kw_only=True)
-class Delivery:
-    """What verification found: hosts that see a runnable copy, hosts it could not
-    ask (with the reason), every problem that makes a host unable to run it, and hosts
+class Verification:
+    """What verification found (a delivery is how a host gets its binary; this is
+    whether it can run it): hosts that see a runnable copy, hosts it could not ask
+    (with the reason), every problem that makes a host unable to run it, and hosts
     whose login was refused (an error: a refused host key, a misconfigured login)."""
 
     verified: tuple[str, ...]
@@ -55,13 +56,13 @@ class Delivery:
         return text
 
 
-def verify_delivery(
+def verify_copies(
     fleet: Fleet,
     envelopes: Mapping[str, PerHostEnvelope],
     built: Mapping[str, Path],
     settings: Settings,
     report: Callable[[str], None],
-) -> Delivery:
+) -> Verification:
     """Ask every host about its copy; unreachable hosts are counted as not verified.
 
     ``built[host]`` is the binary cargo produced for that host's build: each
@@ -110,32 +111,38 @@ def verify_delivery(
     verified = []
     for host, copy in sorted(copies.items()):
         path = join_path(fleet.workers[host].path, envelopes[host].bin)
-        found = delivery_problems(host, path, copy, expected[host], needed[host])
+        found = copy_problems(host, path, copy, expected[host], needed[host])
         problems += found
         if not found:
             verified.append(host)
-    return Delivery(
+    return Verification(
         verified=tuple(verified), unverified=unverified, problems=tuple(problems), refused=refused
     )
 
 
+#: The old name, kept only while :mod:`fdl_tasks.publish.pipeline` imports it.
+Delivery = Verification
+
+
 def verify_hosts(
     run: Run, fleet: Fleet, envelopes: dict[str, PerHostEnvelope], built: dict[str, Path]
-) -> Delivery:
+) -> Verification:
     """Every reachable host must run its binary; a refused login is an error; a host
     down is a warning, unless no host was reached or ``fdl.require_verified`` is all."""
     with round_trips(run, fleet, "verify"):
-        delivery = verify_delivery(fleet, envelopes, built, run.settings, run.report)
-    if delivery.refused:
-        raise login_error(delivery.refused, "delivery verification")
-    if delivery.problems:
+        verification = verify_copies(fleet, envelopes, built, run.settings, run.report)
+    if verification.refused:
+        raise login_error(verification.refused, "delivery verification")
+    if verification.problems:
         raise FdlError(
             "delivery verification failed; no envelope was published.\n"
-            + "\n".join(f"  {p}" for p in delivery.problems)
+            + "\n".join(f"  {p}" for p in verification.problems)
         )
-    run.report(f"verify: {delivery.summary()}")
-    check_verified(len(delivery.verified), delivery.unverified, run.settings.require_verified)
-    return delivery
+    run.report(f"verify: {verification.summary()}")
+    check_verified(
+        len(verification.verified), verification.unverified, run.settings.require_verified
+    )
+    return verification
 
 
 def require_verification_possible(run: Run) -> None:

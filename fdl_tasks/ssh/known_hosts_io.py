@@ -21,7 +21,6 @@ in one line naming the file that holds the old key.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 import threading
@@ -31,6 +30,7 @@ from typing import IO, Any
 
 import paramiko
 
+from fdl_tasks.core.locks import FileLock
 from fdl_tasks.ssh.hostkey_policy import (
     DEFAULT_STRICT,
     HostKeyRefused,
@@ -49,9 +49,10 @@ from fdl_tasks.ssh.sshconfig import HostKeyOptions
 class KnownHosts(KnownHostsTable):
     """One ``known_hosts`` file, read once per fan-out and shared by every connection.
 
-    :meth:`record` appends a new host's key under a lock and ``flock`` (two runs
-    at once), reading first what another run appended meanwhile: no line is
-    lost and none is written twice. ``filename`` ``None`` is a table in memory.
+    :meth:`record` appends a new host's key under a thread lock and the file's
+    :class:`~fdl_tasks.core.locks.FileLock` (two runs at once), reading first what
+    another run appended meanwhile: no line is lost and none is written twice.
+    ``filename`` ``None`` is a table in memory.
     """
 
     def __init__(self, filename: str | os.PathLike[str] | None = None) -> None:
@@ -92,7 +93,7 @@ class KnownHosts(KnownHostsTable):
                 return self._remember_new(hostname, key)
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with self.path.open("ab+") as stream:
-                fcntl.flock(stream, fcntl.LOCK_EX)  # released when the file is closed
+                FileLock(self.path, stream).take(wait=True)  # released when the file is closed
                 regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
                 if regular:
                     self._catch_up(stream)
@@ -112,7 +113,7 @@ class KnownHosts(KnownHostsTable):
                 return None
 
     def _catch_up(self, stream: IO[bytes]) -> None:
-        """Read what others appended since this file was read (under the caller's flock)."""
+        """Read what others appended since this file was read (under the caller's file lock)."""
         size = os.fstat(stream.fileno()).st_size
         if size < self._offset:  # rewritten meanwhile (ssh-keygen -R): read it afresh
             self._clear()

@@ -7,7 +7,7 @@ import enum
 import attrs
 
 
-class Kind(enum.Enum):
+class FailureKind(enum.Enum):
     """What kind of failure a host's was: the host down, or a configuration mistake.
 
     The value is what ``--json`` writes (a verdict's ``failure``).
@@ -29,7 +29,7 @@ class Kind(enum.Enum):
 
 
 #: The kinds that are configuration mistakes (``fdl.ssh_login_errors`` decides).
-CONFIG_KINDS = frozenset({Kind.AUTH, Kind.KEY_FILE, Kind.NOT_SSH})
+CONFIG_KINDS = frozenset({FailureKind.AUTH, FailureKind.KEY_FILE, FailureKind.NOT_SSH})
 
 
 @attrs.frozen
@@ -46,7 +46,7 @@ class Failure:
     """A command that never ran to the end on that host, why in one line, and its kind."""
 
     reason: str
-    kind: Kind = Kind.UNREACHABLE
+    kind: FailureKind = FailureKind.UNREACHABLE
 
 
 Outcome = Reply | Failure

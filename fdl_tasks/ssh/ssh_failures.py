@@ -18,7 +18,7 @@ import paramiko
 from invoke.exceptions import CommandTimedOut
 
 from fdl_tasks.ssh.hostkey_policy import HostKeyRefused
-from fdl_tasks.ssh.outcomes import Failure, Kind
+from fdl_tasks.ssh.outcomes import Failure, FailureKind
 
 #: paramiko's words for a peer that answered, but not as SSH speaks.
 _NOT_SSH_WORDS = (
@@ -71,31 +71,35 @@ def _banner_failure(exc: BaseException) -> bool:
     return isinstance(exc, paramiko.SSHException) and _BANNER in str(exc)
 
 
-def classify(exc: BaseException, answer: str = "") -> Kind:
+def classify(exc: BaseException, answer: str = "") -> FailureKind:
     """The kind of a connection's or command's exception (``answer``: what the port
     said to an SSH greeting after the handshake failed, "" if nothing)."""
     if isinstance(exc, HostKeyRefused | paramiko.BadHostKeyException):
-        return Kind.HOST_KEY
+        return FailureKind.HOST_KEY
     if isinstance(exc, paramiko.PasswordRequiredException):
-        return Kind.KEY_FILE
+        return FailureKind.KEY_FILE
     if isinstance(exc, paramiko.AuthenticationException):
-        return Kind.AUTH
+        return FailureKind.AUTH
     if isinstance(exc, paramiko.SSHException) and "No authentication methods" in str(exc):
-        return Kind.AUTH
+        return FailureKind.AUTH
     if isinstance(exc, CommandTimedOut | socket.gaierror | ConnectionError | TimeoutError):
-        return Kind.UNREACHABLE
+        return FailureKind.UNREACHABLE
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return Kind.UNREACHABLE
+        return FailureKind.UNREACHABLE
     if _banner_failure(exc):
         if isinstance(exc.__context__, TimeoutError):
-            return Kind.UNREACHABLE  # accepted, then silent: a hung host
+            return FailureKind.UNREACHABLE  # accepted, then silent: a hung host
         # Closed without a banner: not SSH if the port says something else when greeted.
-        return Kind.NOT_SSH if answer and not answer.startswith("SSH-") else Kind.UNREACHABLE
+        return (
+            FailureKind.NOT_SSH
+            if answer and not answer.startswith("SSH-")
+            else FailureKind.UNREACHABLE
+        )
     if isinstance(exc, paramiko.SSHException) and any(w in str(exc) for w in _NOT_SSH_WORDS):
-        return Kind.NOT_SSH
+        return FailureKind.NOT_SSH
     if isinstance(exc, paramiko.SSHException) and "No existing session" in str(exc):
-        return Kind.UNREACHABLE
-    return Kind.OTHER
+        return FailureKind.UNREACHABLE
+    return FailureKind.OTHER
 
 
 def describe_failure(exc: BaseException, login: Login, connect_timeout: float) -> Failure:
@@ -107,13 +111,13 @@ def describe_failure(exc: BaseException, login: Login, connect_timeout: float) -
     where = login.where
     if isinstance(exc, HostKeyRefused):
         return Failure(exc.reason, kind)
-    if kind is Kind.HOST_KEY:
+    if kind is FailureKind.HOST_KEY:
         return Failure(
             f"host key of {where} does not match the one remembered: it may be a man in "
             "the middle; if the host was reinstalled, remove the old key with ssh-keygen -R",
             kind,
         )
-    if kind in (Kind.AUTH, Kind.KEY_FILE, Kind.NOT_SSH):
+    if kind in (FailureKind.AUTH, FailureKind.KEY_FILE, FailureKind.NOT_SSH):
         return Failure(f"{_config_problem(exc, kind, login)}; try by hand: {login.by_hand()}", kind)
     if isinstance(exc, CommandTimedOut):
         return Failure(f"no answer within {exc.timeout:g}s (command timed out)", kind)
@@ -129,7 +133,7 @@ def describe_failure(exc: BaseException, login: Login, connect_timeout: float) -
             "(sshd refusing connections: MaxStartups, tcp wrappers?)",
             kind,
         )
-    if kind is Kind.UNREACHABLE:
+    if kind is FailureKind.UNREACHABLE:
         return Failure(
             f"{where} accepted the connection but no SSH session was established "
             f"within {connect_timeout:g}s (no SSH banner: hung host?)",
@@ -138,16 +142,16 @@ def describe_failure(exc: BaseException, login: Login, connect_timeout: float) -
     return Failure(f"{type(exc).__name__} at {where}: {exc}".strip(), kind)
 
 
-def _config_problem(exc: BaseException, kind: Kind, login: Login) -> str:
+def _config_problem(exc: BaseException, kind: FailureKind, login: Login) -> str:
     """What the configuration mistake is, before the line to try by hand."""
     where, user = login.where, login.user
-    if kind is Kind.NOT_SSH:
+    if kind is FailureKind.NOT_SSH:
         said = f"it said {login.answer[:60]!r}" if login.answer else str(exc)
         return (
             f"{where} answers, but not as an SSH server ({said}): check that {login.port} "
             "is its sshd's port (ssh.port, or Port in an ssh_config)"
         )
-    if kind is Kind.KEY_FILE:
+    if kind is FailureKind.KEY_FILE:
         key = login.keys[0] if login.keys else "the identity file"
         return (
             f"{key} needs a passphrase and no ssh agent holds it: ssh-add it, or use a "
@@ -188,7 +192,7 @@ def key_file_failure(login: Login, why: str) -> Failure:
         text = f"ssh.identity_file {key} does not exist ({purpose})"
     else:
         text = f"ssh.identity_file {key} is not a private key fdl-tasks can read ({purpose})"
-    return Failure(f"{text}; try by hand: {hand}", Kind.KEY_FILE)
+    return Failure(f"{text}; try by hand: {hand}", FailureKind.KEY_FILE)
 
 
 def wants_greeting(exc: BaseException) -> bool:

@@ -56,8 +56,7 @@ def write_page(
     run: Run, command: str, timeline: Timeline, started: datetime.datetime, ok: bool
 ) -> Path:
     """The page, atomically, then the command's older pages beyond :data:`KEEP` removed."""
-    stamp = started.strftime("%Y%m%dT%H%M%S.%fZ")
-    path = run.root / timings_page(command, stamp)
+    path = run.root / timings_page(command, started.strftime("%Y%m%dT%H%M%S.%fZ"))
     data = timeline.data(
         task=run.task, command=command, ok=ok, started=started.isoformat(timespec="seconds")
     )

@@ -21,11 +21,12 @@ IGNORED_DIRS = frozenset(
     {".git", ".hg", ".svn", ".jj", "__pycache__", "node_modules", ".venv", ".mypy_cache"}
 )
 MANIFESTS = frozenset({"Cargo.toml", "Cargo.lock"})
-TOOLCHAIN_FILES = frozenset({"rust-toolchain", "rust-toolchain.toml"})
+#: rustup's files pinning the Rust release a project builds with.
+RUST_RELEASE_FILES = frozenset({"rust-toolchain", "rust-toolchain.toml"})
 CARGO_CONFIGS = frozenset({"config", "config.toml"})
 
 
-class Kind(enum.Enum):
+class ChangeKind(enum.Enum):
     """Why a changed path matters."""
 
     SOURCE = "source"
@@ -91,36 +92,36 @@ class Scope:
     def target(self) -> str:
         return posixpath.join(self.root, "target")
 
-    def classify(self, path: str) -> Kind | None:
+    def classify(self, path: str) -> ChangeKind | None:
         """Why a change of ``path`` needs a cycle, or ``None`` when it does not."""
         path = posixpath.normpath(path)
         if path in self.cluster_files:
-            return Kind.CLUSTER
+            return ChangeKind.CLUSTER
         if under(path, self.target) or any(under(path, d) for d in self.excluded):
             return None
         if any(under(path, v) for v in self.variants):
-            return Kind.LIBTORCH
+            return ChangeKind.LIBTORCH
         if path in self.declared:  # named by a build script: whatever its name
-            return Kind.DECLARED
+            return ChangeKind.DECLARED
         if hidden(path, self.root):
             return None
         name = posixpath.basename(path)
         if _scratch_file(name):
             return None
         if any(under(path, d) for d in self.declared):
-            return Kind.DECLARED
+            return ChangeKind.DECLARED
         if not under(path, self.root):
             return None
         if name in MANIFESTS:
-            return Kind.MANIFEST
+            return ChangeKind.MANIFEST
         if name.endswith(".rs"):
-            return Kind.SOURCE
-        if name in TOOLCHAIN_FILES or (
+            return ChangeKind.SOURCE
+        if name in RUST_RELEASE_FILES or (
             name in CARGO_CONFIGS and posixpath.basename(posixpath.dirname(path)) == ".cargo"
         ):
-            return Kind.BUILD_CONFIG
+            return ChangeKind.BUILD_CONFIG
         if any(under(path, d) for d in self.packages):
-            return Kind.DECLARED
+            return ChangeKind.DECLARED
         return None
 
     def to_json(self) -> dict[str, Any]:
@@ -149,14 +150,14 @@ class Scope:
         )
 
 
-def gone_directory(scope: Scope, path: str) -> Kind | None:
+def gone_directory(scope: Scope, path: str) -> ChangeKind | None:
     """A removed path without a suffix may have been a directory of sources (moved away
     whole, it sends no event per file): it counts when a source inside it would. An
     editor's temporary file renamed away (``sedNk0P9y``, ``4913``) is no directory."""
     name = posixpath.basename(path.rstrip("/"))
     if "." in name or _scratch_file(name):
         return None
-    return Kind.SOURCE if scope.classify(posixpath.join(path, "lib.rs")) else None
+    return ChangeKind.SOURCE if scope.classify(posixpath.join(path, "lib.rs")) else None
 
 
 def make_scope(

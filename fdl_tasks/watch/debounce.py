@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from fdl_tasks.tree.scope import Kind
+from fdl_tasks.tree.scope import ChangeKind
 from fdl_tasks.watch.polling import POLL_MS
 
 #: A burst of changes never delays a cycle longer than this many debounce periods.
@@ -28,7 +28,7 @@ class Debouncer:
     quiet: float
     longest: float
     building: bool = False
-    changes: dict[str, Kind] = attrs.field(factory=dict)
+    changes: dict[str, ChangeKind] = attrs.field(factory=dict)
     first: float | None = None
     last: float | None = None
 
@@ -39,7 +39,7 @@ class Debouncer:
         quiet = max(debounce, 1.5 * POLL_MS / 1000) if polling else debounce
         return cls(quiet, LONGEST_FACTOR * quiet, building=True)
 
-    def add(self, changes: Mapping[str, Kind], now: float) -> None:
+    def add(self, changes: Mapping[str, ChangeKind], now: float) -> None:
         if not changes:
             return
         self.changes.update(changes)
@@ -57,7 +57,7 @@ class Debouncer:
         due = self.due_at()
         return due is not None and now >= due
 
-    def start(self) -> dict[str, Kind]:
+    def start(self) -> dict[str, ChangeKind]:
         """A cycle starts: it takes the pending batch."""
         if self.building:
             raise RuntimeError("a cycle is already building")

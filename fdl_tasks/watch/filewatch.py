@@ -22,7 +22,7 @@ import watchfiles
 from watchfiles._rust_notify import RustNotify
 
 from fdl_tasks.tree.roots import WatchPlan
-from fdl_tasks.tree.scope import Kind, Scope, gone_directory
+from fdl_tasks.tree.scope import ChangeKind, Scope, gone_directory
 from fdl_tasks.tree.snapshot import Snapshot, diff, settled
 from fdl_tasks.tree.workspace import walk_files
 from fdl_tasks.watch.polling import POLL_MS, mount_fstype, polling_choice
@@ -41,7 +41,7 @@ _READY_TIMEOUT = 30.0
 
 class FileWatch:
     """inotify: a thread for the plan's trees, one for the directories watched alone;
-    polling: one thread for both. Every batch goes to ``deliver``, a thread's end
+    polling: one thread for both. Every batch goes to ``receive``, a thread's end
     (not asked for) to ``failed``; :meth:`wait_ready` returns once every thread
     watches (the first look taken, or the inotify watches set)."""
 
@@ -49,12 +49,12 @@ class FileWatch:
         self,
         plan: WatchPlan,
         polling: bool,
-        deliver: Callable[[Changes], None],
+        receive: Callable[[Changes], None],
         failed: Callable[[BaseException], None],
         look: Look,
     ) -> None:
         self.plan, self.polling = plan, polling
-        self._deliver, self._failed, self._look = deliver, failed, look
+        self._receive, self._failed, self._look = receive, failed, look
         self._stop = threading.Event()
         self._threads: list[tuple[threading.Thread, threading.Event]] = []
         if polling:
@@ -87,7 +87,7 @@ class FileWatch:
                     if raw == "stop":
                         return
                     if isinstance(raw, set) and raw:
-                        self._deliver({(watchfiles.Change(c), path) for c, path in raw})
+                        self._receive({(watchfiles.Change(c), path) for c, path in raw})
         except Exception as exc:
             if not self._stop.is_set():
                 self._failed(exc)
@@ -103,7 +103,7 @@ class FileWatch:
                 changes = diff(last, now)
                 last = settled(now)
                 if changes:
-                    self._deliver(changes)
+                    self._receive(changes)
         except Exception as exc:
             if not self._stop.is_set():
                 self._failed(exc)
@@ -117,13 +117,13 @@ class FileWatch:
                 thread.join(timeout=5)
 
 
-def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, Kind], bool]:
+def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKind], bool]:
     """(the changes that count, whether the watch plan must be made again).
 
     A directory moved in whole sends one event: the files inside it are looked
     at. A new or removed directory changes what to watch.
     """
-    relevant: dict[str, Kind] = {}
+    relevant: dict[str, ChangeKind] = {}
     replan = False
     for change, path in changes:
         if change == watchfiles.Change.added and os.path.isdir(path):

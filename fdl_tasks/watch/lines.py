@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fdl_tasks.build.build_environment import Build
-from fdl_tasks.publish.verification_io import Delivery
-from fdl_tasks.tree.scope import Kind, under
+from fdl_tasks.publish.verification_io import Verification
+from fdl_tasks.tree.scope import ChangeKind, under
 
 
 def shown(path: str, root: str) -> str:
@@ -19,7 +19,7 @@ def shown(path: str, root: str) -> str:
     return posixpath.relpath(path, root) if under(path, root) and path != root else path
 
 
-def describe_changes(changes: Mapping[str, Kind], root: str, limit: int = 3) -> str:
+def describe_changes(changes: Mapping[str, ChangeKind], root: str, limit: int = 3) -> str:
     """``ddp-bench/src/main.rs changed`` or ``4 files changed (a, b, c, …)``."""
     names = sorted(shown(p, root) for p in changes)
     if not names:
@@ -61,14 +61,14 @@ def build_labels(specs: Iterable[Build]) -> list[str]:
     ]
 
 
-def verified_text(delivery: Delivery | None) -> str:
+def verified_text(verification: Verification | None) -> str:
     """A cycle's verification in a few words (``None``: verification was off)."""
-    if delivery is None:
+    if verification is None:
         return "verification off (--no-verify)"
-    text = f"{len(delivery.verified)} host(s) verified"
-    if delivery.unverified:
-        text += f", {len(delivery.unverified)} not verified: " + "; ".join(
-            f"{host} ({why})" for host, why in sorted(delivery.unverified.items())
+    text = f"{len(verification.verified)} host(s) verified"
+    if verification.unverified:
+        text += f", {len(verification.unverified)} not verified: " + "; ".join(
+            f"{host} ({why})" for host, why in sorted(verification.unverified.items())
         )
     return text
 

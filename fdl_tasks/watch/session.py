@@ -24,7 +24,7 @@ from fdl_tasks.preflight.probe import Verdict
 from fdl_tasks.publish import pipeline
 from fdl_tasks.publish.envelope import hand_over, published_path
 from fdl_tasks.timings.recording import recorded
-from fdl_tasks.tree.scope import Kind, Scope
+from fdl_tasks.tree.scope import ChangeKind, Scope
 from fdl_tasks.tree.snapshot import Entry
 from fdl_tasks.tree.workspace import package_dirs, survey
 from fdl_tasks.watch.lines import (
@@ -117,7 +117,7 @@ class Session:
 
         return attrs.evolve(self.run, report=keep)
 
-    def run_cycle(self, batch: Mapping[str, Kind]) -> None:
+    def run_cycle(self, batch: Mapping[str, ChangeKind]) -> None:
         """One prebuild; a failure is reported and watching goes on."""
         self.cycle += 1
         first = self.cycle == 1
@@ -126,9 +126,9 @@ class Session:
         self.seen = self.watcher.checkpoint(self.stamp_ns)
         self.write_state()
         what = "initial prebuild" if first else describe_changes(batch, self.root)
-        if Kind.CLUSTER in batch.values():
+        if ChangeKind.CLUSTER in batch.values():
             self.reload = True
-        if Kind.MANIFEST in batch.values():
+        if ChangeKind.MANIFEST in batch.values():
             self.packages = None
         lines: list[str] = []
         try:
@@ -172,7 +172,7 @@ class Session:
             f"watch: watching {self.root} for {self.command}'s sources ({self.watcher.how}); "
             "the first cycle is a full prebuild; Ctrl-C stops"
         )
-        batch: dict[str, Kind] = {}
+        batch: dict[str, ChangeKind] = {}
         while True:
             self.run_cycle(batch)
             self.watcher.scope = self.survey()

@@ -124,7 +124,8 @@ class StateFile:
 
 
 def touch_stamp(files: WatchFiles) -> int | None:
-    """The file system's time now, in ns (its clock stamps the sources' times too)."""
+    """The file system's time now, in ns (its clock sets the sources' times too): the
+    stamp's mtime, which launch holds each change against."""
     try:
         files.stamp.touch()
         os.utime(files.stamp, None)
@@ -133,7 +134,7 @@ def touch_stamp(files: WatchFiles) -> int | None:
         return None
 
 
-def hold_lock(files: WatchFiles) -> FileLock:
+def hold_lock(files: WatchFiles) -> FileLock[str]:
     """The watcher's lock, held for its lifetime: launch tells a live watcher by it."""
     lock = create_lock(files.lock)
     deadline = time.monotonic() + 2.0  # a launch may hold it shared for an instant

@@ -27,7 +27,7 @@ from pathlib import Path
 from fdl_tasks.core.reporting import Report
 from fdl_tasks.tree.roots import WatchPlan, watch_plan
 from fdl_tasks.tree.scan import scan
-from fdl_tasks.tree.scope import Kind, Scope
+from fdl_tasks.tree.scope import ChangeKind, Scope
 from fdl_tasks.tree.snapshot import Entry, Snapshot, changed_since, diff
 from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.filewatch import Changes, FileWatch, how_to_watch, relevant_changes
@@ -81,7 +81,7 @@ class Watcher:
         stops; then (and with ``catch_up``) the tree is compared with the cycle's start."""
         plan = self.plan()
         if self.watch is None or self.watch.plan != plan:
-            new = FileWatch(plan, self.polling, self.deliver, self.failed, self.look)
+            new = FileWatch(plan, self.polling, self.receive, self.failed, self.look)
             old, self.watch = self.watch, new.start()
             new.wait_ready()
             if old is not None:
@@ -110,9 +110,9 @@ class Watcher:
         now = self.look(self.watch.plan, self.baseline)
         changes = diff(self.baseline, now, self.stamp_ns)
         if changes:
-            self.deliver(changes)
+            self.receive(changes)
 
-    def deliver(self, changes: Changes) -> None:
+    def receive(self, changes: Changes) -> None:
         """A watcher thread's batch: what counts joins the pending batch."""
         relevant, replan = relevant_changes(self.scope, changes)
         with self.cv:
@@ -147,7 +147,7 @@ class Watcher:
         time.sleep(min(0.5 * 2 ** min(self._restarts, 5), 10.0))
         self.rewatch()
 
-    def next_batch(self) -> dict[str, Kind]:
+    def next_batch(self) -> dict[str, ChangeKind]:
         """Wait until the pending batch is due (handling watcher restarts meanwhile)."""
         while True:
             with self.cv:

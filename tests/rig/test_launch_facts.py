@@ -20,7 +20,7 @@ import pytest
 
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.verification import (
-    delivery_problems,
+    copy_problems,
     parse_verification,
     verification_script,
 )
@@ -153,6 +153,6 @@ def test_verification_names_the_version_real_ldd_reports(rig: RigCluster) -> Non
     )
     copy = parse_verification(done.stdout)
     assert copy is not None and copy.sha256 is not None
-    assert delivery_problems("rocky", "p", copy, copy.sha256, None) == [
+    assert copy_problems("rocky", "p", copy, copy.sha256, None) == [
         f"rocky: versions not found with the envelope's LD_LIBRARY_PATH: libtorch.so needs {NEWER}"
     ]

@@ -15,7 +15,7 @@ import pytest
 
 from fdl_tasks.build.backends.compose import NOT_INPUTS, service_inputs
 from fdl_tasks.build.backends.docker_run import DockerRunBackend, user_inputs
-from fdl_tasks.build.backends.native import toolchain_identity
+from fdl_tasks.build.backends.native import native_identity
 from fdl_tasks.build.build_environment import Build, BuildEnvironment, BuildJob
 from fdl_tasks.build.build_record import (
     UNKNOWN,
@@ -579,7 +579,7 @@ def test_a_rustup_home_is_seen_by_what_an_update_rewrites(tmp_path: Path) -> Non
     (rustlib / "multirust-channel-manifest.toml").write_text("date = 2")
     assert not keeper.check(job).verdict.fresh
     built(tmp_path / "p", job, keeper)
-    (rustup / "toolchains/nightly/lib/rustlib").mkdir(parents=True)  # a new toolchain
+    (rustup / "toolchains/nightly/lib/rustlib").mkdir(parents=True)  # a new Rust release
     assert not keeper.check(job).verdict.fresh
 
 
@@ -640,23 +640,23 @@ def test_a_second_commands_first_build_compares_with_the_first_commands_record(
 # ---------------------------------------------------------------------------- native identity
 
 
-def test_the_native_identity_follows_the_toolchain_and_the_environment(
+def test_the_native_identity_follows_the_rust_release_and_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CARGO_HOME", str(tmp_path / "cargo-home"))
-    first = toolchain_identity(str(tmp_path))
+    first = native_identity(str(tmp_path))
     assert first is not None and "rustc" in first
     monkeypatch.setenv("PWD", "/elsewhere")  # a shell's own: no change
     monkeypatch.setenv("FLODL_INTERNAL_PREBUILD_PER_HOST", "{}")  # handed over: no change
-    assert toolchain_identity(str(tmp_path)) == first
+    assert native_identity(str(tmp_path)) == first
     monkeypatch.setenv("RUSTFLAGS", "-Ctarget-cpu=native")
-    assert toolchain_identity(str(tmp_path)) != first
+    assert native_identity(str(tmp_path)) != first
     (tmp_path / "cargo-home").mkdir()
     (tmp_path / "cargo-home/config.toml").write_text("[build]\njobs = 1\n")
-    with_config = toolchain_identity(str(tmp_path))
+    with_config = native_identity(str(tmp_path))
     assert with_config is not None and "jobs = 1" in with_config
     monkeypatch.setenv("PATH", str(tmp_path / "no-such-bin"))
-    assert toolchain_identity(str(tmp_path)) is None  # no toolchain to ask: cargo decides
+    assert native_identity(str(tmp_path)) is None  # no Rust to ask: cargo decides
 
 
 # ---------------------------------------------------------------------------- provenance

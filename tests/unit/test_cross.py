@@ -17,8 +17,8 @@ from fdl_tasks.config.loader import parse_cluster
 from fdl_tasks.config.model import Cluster, ComposeService, DockerSettings
 from fdl_tasks.core.binary_files import elf_machine, file_machine
 from fdl_tasks.core.errors import FdlError
-from fdl_tasks.preflight.probe import BuildEnvironment, ProbeFacts, ProbeRequest, judge
-from fdl_tasks.publish.verification import RemoteCopy, delivery_problems
+from fdl_tasks.preflight.probe import ControllerAbi, ProbeFacts, ProbeRequest, judge
+from fdl_tasks.publish.verification import RemoteCopy, copy_problems
 
 ARM = "aarch64-unknown-linux-gnu"
 #: The aarch64 hosts' libtorch: a directory of its own on the controller.
@@ -130,7 +130,7 @@ def test_cpu_arch_pin_is_validated() -> None:
     assert cluster(cpu_arch="aarch64").workers[2].cpu_arch == "aarch64"
 
 
-BUILD = BuildEnvironment("x86_64", (2, 36), frozenset({"aarch64"}))
+CONTROLLER = ControllerAbi("x86_64", (2, 36), frozenset({"aarch64"}))
 REQUEST = ProbeRequest("/d", False, True)
 
 
@@ -139,15 +139,15 @@ def facts(machine: str | None) -> ProbeFacts:
 
 
 def test_the_abi_gate_lets_a_cross_built_architecture_through() -> None:
-    assert judge("h", REQUEST, facts("aarch64"), BUILD).status == "ok"
-    refused = judge("h", REQUEST, facts("ppc64le"), BUILD)
+    assert judge("h", REQUEST, facts("aarch64"), CONTROLLER).status == "ok"
+    refused = judge("h", REQUEST, facts("ppc64le"), CONTROLLER)
     assert refused.status == "error"
     assert "add 'cross: {ppc64le: {}}' under controller" in refused.errors[0]
 
 
 def test_a_pin_answers_for_a_silent_uname_and_must_agree_with_a_loud_one() -> None:
-    assert judge("h", REQUEST, facts(None), BUILD, pinned="aarch64").status == "ok"
-    wrong = judge("h", REQUEST, facts("x86_64"), BUILD, pinned="aarch64")
+    assert judge("h", REQUEST, facts(None), CONTROLLER, pinned="aarch64").status == "ok"
+    wrong = judge("h", REQUEST, facts("x86_64"), CONTROLLER, pinned="aarch64")
     assert "cpu_arch pins aarch64, but 'uname -m' says x86_64" in wrong.errors[0]
 
 
@@ -164,7 +164,7 @@ def test_elf_machine_from_the_header() -> None:
 
 def test_a_binary_for_another_cpu_is_refused_naming_both() -> None:
     copy = RemoteCopy("aa", (), cpu_arch="aarch64", binary_cpu_arch="x86_64")
-    problems = delivery_problems("gh200", "/m/bin", copy, "aa", None)
+    problems = copy_problems("gh200", "/m/bin", copy, "aa", None)
     assert problems == [
         "gh200: /m/bin is a x86_64 binary but the host is aarch64: it cannot run there"
     ]

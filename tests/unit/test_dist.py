@@ -41,7 +41,7 @@ from fdl_tasks.cache.dist import (
     parse_scheduler_status,
     toml_string,
 )
-from fdl_tasks.cache.dist_io import CONTAINER_DIST, CONTAINER_TOOLCHAINS, DistClient
+from fdl_tasks.cache.dist_io import CONTAINER_COMPILER_PACKAGES, CONTAINER_DIST, DistClient
 from fdl_tasks.config.loader import parse_cluster
 from fdl_tasks.config.model import DistSettings
 from fdl_tasks.core.errors import FdlError
@@ -159,7 +159,7 @@ def test_container_wiring_mounts_the_client_read_only(tmp_path: Path) -> None:
     cache = dist_cache(tmp_path)
     assert cache.container_mounts()[3:] == [
         f"{tmp_path}/c-dist/container:{CONTAINER_DIST}:ro",
-        f"{tmp_path}/c-dist/toolchains/container:{CONTAINER_TOOLCHAINS}",
+        f"{tmp_path}/c-dist/toolchains/container:{CONTAINER_COMPILER_PACKAGES}",
     ]
     variables = cache.container_variables("/tmp/s.sock")
     assert variables["RUSTC_WRAPPER"] == f"{CONTAINER_DIST}/sccache"

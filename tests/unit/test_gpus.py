@@ -17,8 +17,10 @@ from fdl_tasks.config.variants import cargo_features
 from fdl_tasks.gpu.gpus import (
     Gpu,
     classify,
+    cuda_release,
     features_for,
     gfx_from_kfd,
+    named_cuda,
     parse_kfd,
     parse_nvidia_smi,
     parse_rocminfo,
@@ -31,6 +33,40 @@ from fdl_tasks.publish.envelope import PerHostEnvelope
 from rig.gpushims import gpu_shims
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpus"
+
+
+@pytest.mark.parametrize(
+    ("text", "release"),
+    [
+        ("12.8", ("12", "8", "0")),
+        ("12.6.3", ("12", "6", "3")),
+        ("012.8", ("012", "8", "0")),
+        ("12", None),
+        ("12.8.", None),
+        ("cu128", None),
+        ("", None),
+    ],
+)
+def test_one_parser_reads_a_cuda_release(text: str, release: tuple[str, ...] | None) -> None:
+    """Digits as written: the image tag repeats them; the coverage reads them as numbers."""
+    assert cuda_release(text) == release
+
+
+@pytest.mark.parametrize(
+    ("arch", "cuda"),
+    [
+        ("precompiled/cu128", (12, 8)),
+        ("precompiled/cu118", (11, 8)),
+        ("precompiled/cu1300", (130, 0)),
+        ("precompiled/cu12", (1, 2)),
+        ("precompiled/cu1", None),
+        ("builds/sm61-sm120", None),
+        ("precompiled/cpu", None),
+        ("cu128/cpu", None),
+    ],
+)
+def test_a_variant_name_encodes_its_cuda_release(arch: str, cuda: tuple[int, int] | None) -> None:
+    assert named_cuda(arch) == cuda
 
 
 @pytest.mark.parametrize(

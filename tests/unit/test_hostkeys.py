@@ -9,6 +9,8 @@ in the known_hosts files is what is checked.
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -226,6 +228,35 @@ def test_a_key_another_run_recorded_meanwhile_is_not_replaced(
     with pytest.raises(paramiko.BadHostKeyException):
         TrustOnFirstUse(view).missing_host_key(paramiko.SSHClient(), NAME, keys[0])
     assert path.read_text() == "# no newline at the end\n" + line(NAME, keys[1])
+
+
+def test_a_record_waits_for_another_run_holding_the_file(
+    tmp_path: Path, keys: list[paramiko.PKey]
+) -> None:
+    """The append takes the file's lock (``FileLock``, the one flock helper): while
+    another process holds it, nothing is written; once it lets go, the key is."""
+    path = tmp_path / "known_hosts"
+    path.write_text("")
+    hold = (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'ab'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "print('held', flush=True); sys.stdin.readline()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    assert holder.stdout.readline().strip() == b"held"
+    table = KnownHosts(path)
+    recording = threading.Thread(target=table.record, args=(NAME, keys[0]))
+    recording.start()
+    recording.join(0.3)
+    assert recording.is_alive() and path.read_text() == ""
+    holder.stdin.write(b"\n")
+    holder.stdin.flush()
+    holder.wait()
+    recording.join(10)
+    assert not recording.is_alive()
+    assert path.read_text() == line(NAME, keys[0])
 
 
 # ---------------------------------------------------------------------------- policies

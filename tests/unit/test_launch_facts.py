@@ -14,12 +14,12 @@ from fdl_tasks.gpu.gpus import Gpu, GpuReport, Vendor
 from fdl_tasks.gpu.launch_facts import all_devices_error, loopback_warning, only_loopback
 from fdl_tasks.preflight.gpu_gate import gate
 from fdl_tasks.preflight.preflight import controller_loopback, resolve
-from fdl_tasks.preflight.probe import BEGIN, END, BuildEnvironment, ProbeFacts, ProbeRequest, judge
+from fdl_tasks.preflight.probe import BEGIN, END, ControllerAbi, ProbeFacts, ProbeRequest, judge
 from fdl_tasks.preflight.probe import parse_facts as parse_probe
 from fdl_tasks.preflight.unmet_versions import UnmetVersion, parse_unmet, unmet_text
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.verification import (
-    delivery_problems,
+    copy_problems,
     parse_verification,
     verification_script,
 )
@@ -76,7 +76,7 @@ def test_unmet_versions_are_an_error_naming_library_and_version() -> None:
     request = ProbeRequest.for_host(WORKER, abi=True)
     facts = parse_probe(answers(*(f"unmet={line}" for line in ROCKY9.splitlines()[:3])))
     assert facts is not None
-    verdict = judge("gpu1", request, facts, BuildEnvironment("x86_64", (2, 36)))
+    verdict = judge("gpu1", request, facts, ControllerAbi("x86_64", (2, 36)))
     assert verdict.status == "error"
     (error,) = [e for e in verdict.errors if "cannot load" in e]
     assert error.startswith(
@@ -84,7 +84,7 @@ def test_unmet_versions_are_an_error_naming_library_and_version() -> None:
         "GLIBC_2.35, GLIBCXX_3.4.30; libc10.so needs GLIBCXX_3.4.30"
     )
     assert "/mnt/p/libtorch/precompiled/cu128/lib" in error
-    clean = judge("gpu1", request, parse_probe(answers()), BuildEnvironment("x86_64", (2, 36)))
+    clean = judge("gpu1", request, parse_probe(answers()), ControllerAbi("x86_64", (2, 36)))
     assert not any("cannot load" in e for e in clean.errors)
 
 
@@ -97,7 +97,7 @@ def test_verification_names_the_versions_the_binary_cannot_find(tmp_path: Path) 
     )
     copy = parse_verification(answers("sha256=abc", f"unmet={line}"))
     assert copy is not None and copy.unmet == (UnmetVersion("/x/lib/libtorch.so", "GLIBC_2.35"),)
-    assert delivery_problems("gpu1", "/p/bin/tool", copy, "abc", None) == [
+    assert copy_problems("gpu1", "/p/bin/tool", copy, "abc", None) == [
         "gpu1: versions not found with the envelope's LD_LIBRARY_PATH: libtorch.so needs GLIBC_2.35"
     ]
 
@@ -204,7 +204,7 @@ def test_local_devices_all_error_says_what_answered() -> None:
 def test_the_gpu_gate_refuses_local_devices_all_on_a_host_without_gpus(tmp_path: Path) -> None:
     worker = attrs.evolve(WORKER, local_devices="all")
     facts = ProbeFacts(data="ok", gpus=GpuReport())
-    verdict = judge("gpu1", ProbeRequest.for_host(worker, True), facts, BuildEnvironment("x", None))
+    verdict = judge("gpu1", ProbeRequest.for_host(worker, True), facts, ControllerAbi("x", None))
     gated = gate(verdict, worker, tmp_path)
     assert gated.status == "error"
     assert any("local_devices: all, but this host has no NVIDIA GPU" in e for e in gated.errors)

@@ -42,6 +42,18 @@ def test_a_busy_lock_is_not_taken_and_names_its_holder(held: Path) -> None:
         assert lock.holder() == "pid 4242"
 
 
+def test_every_flock_is_the_helper_s() -> None:
+    """No module but :mod:`fdl_tasks.core.locks` calls ``flock``: one helper, one way to
+    lock (the sccache start-up's ``flock(1)`` runs in the build's shell, not here)."""
+    package = Path(__file__).resolve().parents[2] / "fdl_tasks"
+    callers = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "fcntl" in path.read_text() and path.name != "locks.py"
+    )
+    assert callers == []
+
+
 def test_a_free_lock_is_taken_and_claimed(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "lock"
     with FileLock.create(path) as lock:

@@ -33,7 +33,7 @@ from fdl_tasks.preflight.login_verdicts import (
 from fdl_tasks.preflight.probe import Verdict
 from fdl_tasks.ssh.hostkey_policy import HostKeyRefused, added_lines
 from fdl_tasks.ssh.login_facts import greet, load_identity, login_of
-from fdl_tasks.ssh.outcomes import Failure, Kind
+from fdl_tasks.ssh.outcomes import Failure, FailureKind
 from fdl_tasks.ssh.ssh_failures import Login, classify, describe_failure, key_file_failure
 
 LOGIN = Login("root", "10.0.0.5", 2222, ("/keys/id",), identity_only=True)
@@ -53,40 +53,50 @@ def banner_error(ended: BaseException) -> paramiko.SSHException:
 
 KEY = paramiko.ECDSAKey.generate()
 CASES = [
-    (HostKeyRefused("refused"), "", Kind.HOST_KEY),
-    (paramiko.BadHostKeyException("h", KEY, paramiko.ECDSAKey.generate()), "", Kind.HOST_KEY),
-    (paramiko.PasswordRequiredException("private key file is encrypted"), "", Kind.KEY_FILE),
-    (paramiko.AuthenticationException("Authentication failed."), "", Kind.AUTH),
-    (paramiko.BadAuthenticationType("Bad authentication type", ["password"]), "", Kind.AUTH),
-    (paramiko.SSHException("No authentication methods available"), "", Kind.AUTH),
-    (paramiko.ssh_exception.NoValidConnectionsError({("h", 22): OSError()}), "", Kind.UNREACHABLE),
-    (ConnectionRefusedError(111, "Connection refused"), "", Kind.UNREACHABLE),
-    (TimeoutError(), "", Kind.UNREACHABLE),
-    (socket.gaierror(-2, "Name or service not known"), "", Kind.UNREACHABLE),
-    (CommandTimedOut(Result(), 5), "", Kind.UNREACHABLE),
-    (banner_error(TimeoutError()), "", Kind.UNREACHABLE),  # accepted, silent: hung
-    (banner_error(EOFError()), "", Kind.UNREACHABLE),  # closed, says nothing when greeted
-    (banner_error(EOFError()), "SSH-2.0-OpenSSH_9.2", Kind.UNREACHABLE),  # a busy sshd
-    (banner_error(EOFError()), "HTTP/1.1 400 Bad Request", Kind.NOT_SSH),
-    (banner_error(ConnectionResetError()), "220 smtp ESMTP", Kind.NOT_SSH),
-    (paramiko.SSHException("Expecting packet from (31,), got 30"), "", Kind.NOT_SSH),
-    (paramiko.SSHException('Indecipherable protocol version "x"'), "", Kind.NOT_SSH),
+    (HostKeyRefused("refused"), "", FailureKind.HOST_KEY),
+    (
+        paramiko.BadHostKeyException("h", KEY, paramiko.ECDSAKey.generate()),
+        "",
+        FailureKind.HOST_KEY,
+    ),
+    (paramiko.PasswordRequiredException("private key file is encrypted"), "", FailureKind.KEY_FILE),
+    (paramiko.AuthenticationException("Authentication failed."), "", FailureKind.AUTH),
+    (paramiko.BadAuthenticationType("Bad authentication type", ["password"]), "", FailureKind.AUTH),
+    (paramiko.SSHException("No authentication methods available"), "", FailureKind.AUTH),
+    (
+        paramiko.ssh_exception.NoValidConnectionsError({("h", 22): OSError()}),
+        "",
+        FailureKind.UNREACHABLE,
+    ),
+    (ConnectionRefusedError(111, "Connection refused"), "", FailureKind.UNREACHABLE),
+    (TimeoutError(), "", FailureKind.UNREACHABLE),
+    (socket.gaierror(-2, "Name or service not known"), "", FailureKind.UNREACHABLE),
+    (CommandTimedOut(Result(), 5), "", FailureKind.UNREACHABLE),
+    (banner_error(TimeoutError()), "", FailureKind.UNREACHABLE),  # accepted, silent: hung
+    (banner_error(EOFError()), "", FailureKind.UNREACHABLE),  # closed, says nothing when greeted
+    (banner_error(EOFError()), "SSH-2.0-OpenSSH_9.2", FailureKind.UNREACHABLE),  # a busy sshd
+    (banner_error(EOFError()), "HTTP/1.1 400 Bad Request", FailureKind.NOT_SSH),
+    (banner_error(ConnectionResetError()), "220 smtp ESMTP", FailureKind.NOT_SSH),
+    (paramiko.SSHException("Expecting packet from (31,), got 30"), "", FailureKind.NOT_SSH),
+    (paramiko.SSHException('Indecipherable protocol version "x"'), "", FailureKind.NOT_SSH),
     (
         paramiko.ssh_exception.IncompatiblePeer("Incompatible version (1.5 instead of 2.0)"),
         "",
-        Kind.NOT_SSH,
+        FailureKind.NOT_SSH,
     ),
     (
         paramiko.ssh_exception.IncompatiblePeer("Incompatible ssh peer (no acceptable kex)"),
         "",
-        Kind.OTHER,
+        FailureKind.OTHER,
     ),
-    (ValueError("odd"), "", Kind.OTHER),
+    (ValueError("odd"), "", FailureKind.OTHER),
 ]
 
 
 @pytest.mark.parametrize(("exc", "answer", "kind"), CASES)
-def test_each_exception_type_has_its_kind(exc: BaseException, answer: str, kind: Kind) -> None:
+def test_each_exception_type_has_its_kind(
+    exc: BaseException, answer: str, kind: FailureKind
+) -> None:
     assert classify(exc, answer) is kind
     assert describe_failure(exc, Login("u", "h", 22, answer=answer), 5).kind is kind
 
@@ -138,7 +148,7 @@ def test_other_configuration_failures_say_what_they_are() -> None:
     )
     # As the Fleet builds it for an unusable file: the key is not loaded, so not "only".
     public = key_file_failure(Login("root", "h", 22, ("/k/id.pub", "/r/.ssh/id_rsa")), "public")
-    assert public.kind is Kind.KEY_FILE
+    assert public.kind is FailureKind.KEY_FILE
     assert public.reason.endswith(
         "try by hand: ssh -i /k/id -o IdentitiesOnly=yes -p 22 root@h true"
     )
@@ -169,7 +179,7 @@ def test_hosts_down_keep_their_words() -> None:
 
 
 def test_what_a_failure_comes_to() -> None:
-    auth = Failure("authentication refused at h:22 ...", Kind.AUTH)
+    auth = Failure("authentication refused at h:22 ...", FailureKind.AUTH)
     error = failed_verdict("a", "/data", auth, "error")
     assert (error.status, error.errors, error.failure) == ("error", (auth.reason,), "auth")
     warned = failed_verdict("a", "/data", auth, "warn")
@@ -180,12 +190,16 @@ def test_what_a_failure_comes_to() -> None:
         "unreachable: connection refused at h:22",
     )
     assert down.to_json()["failure"] == "unreachable"
-    assert is_error(Kind.HOST_KEY, "warn") and not is_error(Kind.NOT_SSH, "warn")
-    assert not is_error(Kind.UNREACHABLE, "error") and is_error(Kind.KEY_FILE, "error")
+    assert is_error(FailureKind.HOST_KEY, "warn") and not is_error(FailureKind.NOT_SSH, "warn")
+    assert not is_error(FailureKind.UNREACHABLE, "error") and is_error(
+        FailureKind.KEY_FILE, "error"
+    )
     assert preflight_error([error, down]) is LoginRefused
     data = Verdict("c", "error", ("declared data_path /d is missing",))
     assert preflight_error([data]) is FdlError
-    refused_key = failed_verdict("d", "/data", Failure("host key of ...", Kind.HOST_KEY), "warn")
+    refused_key = failed_verdict(
+        "d", "/data", Failure("host key of ...", FailureKind.HOST_KEY), "warn"
+    )
     assert preflight_error([refused_key]) is FdlError
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from fdl_tasks.core.reporting import Severity
 from fdl_tasks.preflight.probe import (
-    BuildEnvironment,
+    ControllerAbi,
     ProbeFacts,
     ProbeRequest,
     judge,
@@ -19,7 +19,7 @@ from fdl_tasks.preflight.probe import (
 )
 from fdl_tasks.preflight.probe_report import note_lines, report_lines
 
-BUILD = BuildEnvironment("x86_64", (2, 36))
+CONTROLLER = ControllerAbi("x86_64", (2, 36))
 ABI = ProbeRequest("/data", True, abi=True)
 
 
@@ -104,27 +104,27 @@ def test_parse_ignores_banners_and_needs_both_markers() -> None:
     ],
 )
 def test_policy(facts: ProbeFacts | None, declared: bool, status: str, fragment: str) -> None:
-    verdict = judge("h", ProbeRequest("/data", declared, abi=True), facts, BUILD)
+    verdict = judge("h", ProbeRequest("/data", declared, abi=True), facts, CONTROLLER)
     assert verdict.status == status
     assert fragment in " ".join(verdict.errors + verdict.warnings)
 
 
 def test_abi_gate_only_when_prebuilding() -> None:
     facts = ProbeFacts("ok", "aarch64", "musl libc", False)
-    assert judge("h", ProbeRequest("/d", True, abi=False), facts, BUILD).status == "ok"
+    assert judge("h", ProbeRequest("/d", True, abi=False), facts, CONTROLLER).status == "ok"
 
 
 def test_several_problems_on_one_host_are_all_reported() -> None:
     facts = ProbeFacts("unreadable", "aarch64", "musl libc (x86_64)", False)
-    verdict = judge("h", ABI, facts, BUILD)
+    verdict = judge("h", ABI, facts, CONTROLLER)
     assert len(verdict.errors) == 3 and len(verdict.warnings) == 1
 
 
 def test_unreachable_is_a_warning_and_report_summarises() -> None:
     verdicts = [
-        judge("a", ABI, ProbeFacts("ok", "x86_64", "GNU libc 2.36", True), BUILD),
+        judge("a", ABI, ProbeFacts("ok", "x86_64", "GNU libc 2.36", True), CONTROLLER),
         unreachable("b", ABI, "connection refused at 10.0.0.2:22"),
-        judge("c", ABI, ProbeFacts("missing", "aarch64", "GNU libc 2.36", True), BUILD),
+        judge("c", ABI, ProbeFacts("missing", "aarch64", "GNU libc 2.36", True), CONTROLLER),
     ]
     said = report_lines(verdicts)
     lines = [line for line, _ in said]
@@ -140,7 +140,7 @@ def test_a_missing_default_data_path_is_one_note_for_every_host() -> None:
     and how to silence it (flodl warns per host)."""
     facts = ProbeFacts("missing", "x86_64", "ldd (GNU libc) 2.36", True)
     undeclared = ProbeRequest("/flodl/data", False, abi=True)
-    verdicts = [judge(h, undeclared, facts, BUILD) for h in ("a", "b")]
+    verdicts = [judge(h, undeclared, facts, CONTROLLER) for h in ("a", "b")]
     assert [v.status for v in verdicts] == ["ok", "ok"]
     assert verdicts[0].notes == (
         "default data_path /flodl/data is missing (fine without shared storage)",
@@ -152,7 +152,7 @@ def test_a_missing_default_data_path_is_one_note_for_every_host() -> None:
         "one must exist)",
         "preflight: 2 ok, 0 with warnings, 0 with errors",
     ]
-    declared = judge("c", ProbeRequest("/flodl/data", True, abi=True), facts, BUILD)
+    declared = judge("c", ProbeRequest("/flodl/data", True, abi=True), facts, CONTROLLER)
     assert declared.status == "error" and not declared.notes
 
 
@@ -160,7 +160,9 @@ def test_a_note_true_of_several_hosts_is_one_line_naming_them() -> None:
     """A first run on hosts without GPU tools: one note line, not one per host."""
     facts = ProbeFacts("ok", "x86_64", "ldd (GNU libc) 2.36", True)
     gpu = "GPU coverage could not be checked: no nvidia-smi on the host"
-    verdicts = [attrs.evolve(judge(h, ABI, facts, BUILD), notes=(gpu,)) for h in ("a", "b", "c")]
+    verdicts = [
+        attrs.evolve(judge(h, ABI, facts, CONTROLLER), notes=(gpu,)) for h in ("a", "b", "c")
+    ]
     verdicts[2] = attrs.evolve(verdicts[2], notes=("arch: auto chose precompiled/cpu",))
     lines = [line for line, _ in report_lines(verdicts)]
     assert lines == [
@@ -174,7 +176,7 @@ def test_a_healthy_preflight_is_its_summary_alone() -> None:
     """Every host ok: no line per host; the notes given (those not said already) only."""
     facts = ProbeFacts("ok", "x86_64", "ldd (GNU libc) 2.36", True)
     gpu = "GPU coverage could not be checked: no nvidia-smi on the host"
-    verdicts = [attrs.evolve(judge(h, ABI, facts, BUILD), notes=(gpu,)) for h in ("a", "b")]
+    verdicts = [attrs.evolve(judge(h, ABI, facts, CONTROLLER), notes=(gpu,)) for h in ("a", "b")]
     assert [line for line, _ in report_lines(verdicts, notes=[])] == [
         "preflight: 2 ok, 0 with warnings, 0 with errors"
     ]

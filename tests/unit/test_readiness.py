@@ -17,9 +17,9 @@ from fdl_tasks.build.readiness import (
 )
 from fdl_tasks.config.model import Worker
 from fdl_tasks.preflight.host_paths import HostPaths
-from fdl_tasks.preflight.probe import BuildEnvironment, ProbeRequest, judge, parse_facts
+from fdl_tasks.preflight.probe import ControllerAbi, ProbeRequest, judge, parse_facts
 
-BUILD = BuildEnvironment("x86_64", (2, 36))
+CONTROLLER = ControllerAbi("x86_64", (2, 36))
 
 
 def worker(path: str, **fields: object) -> Worker:
@@ -31,7 +31,7 @@ def probed(request: ProbeRequest) -> tuple[frozenset[str], list[str]]:
     done = subprocess.run(["sh", "-c", request.script()], capture_output=True, text=True)
     facts = parse_facts(done.stdout)
     assert facts is not None
-    return facts.missing, list(judge("h", request, facts, BUILD).errors)
+    return facts.missing, list(judge("h", request, facts, CONTROLLER).errors)
 
 
 def test_paths_asked_of_a_shared_host_and_a_copy_host() -> None:

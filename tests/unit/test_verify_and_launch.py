@@ -16,7 +16,7 @@ from fdl_tasks.core.errors import FdlError
 from fdl_tasks.launch import check_envelopes, launch_line
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.verification import (
-    delivery_problems,
+    copy_problems,
     parse_verification,
     verification_script,
 )
@@ -52,9 +52,9 @@ def test_verification_script_against_this_machine(tmp_path: Path) -> None:
     assert copy.sha256 == file_sha256(binary)
     assert copy.missing_libraries == ()
     assert copy.glibc is not None
-    assert delivery_problems("h", str(binary), copy, file_sha256(binary), (2, 2)) == []
-    assert "differs" in delivery_problems("h", "p", copy, "0" * 64, None)[0]
-    assert "needs glibc 9.9" in delivery_problems("h", "p", copy, copy.sha256 or "", (9, 9))[0]
+    assert copy_problems("h", str(binary), copy, file_sha256(binary), (2, 2)) == []
+    assert "differs" in copy_problems("h", "p", copy, "0" * 64, None)[0]
+    assert "needs glibc 9.9" in copy_problems("h", "p", copy, copy.sha256 or "", (9, 9))[0]
     missing = PerHostEnvelope("bin/none", "/l")
     done = subprocess.run(
         ["sh", "-c", verification_script(str(tmp_path), missing)],
@@ -64,7 +64,7 @@ def test_verification_script_against_this_machine(tmp_path: Path) -> None:
     )
     gone = parse_verification(done.stdout)
     assert gone is not None and gone.sha256 is None
-    assert "does not exist" in delivery_problems("h", "p", gone, "x", None)[0]
+    assert "does not exist" in copy_problems("h", "p", gone, "x", None)[0]
 
 
 WORKER = Worker("b", "/mnt/p", "precompiled/cu128", env={"NCCL_DEBUG": "WARN", "X": "w"})

@@ -15,10 +15,10 @@ import pytest
 from fdl_tasks.build.build_environment import Build, BuildEnvironment, CrossBuild
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.reporting import collect
-from fdl_tasks.publish.verification_io import Delivery
+from fdl_tasks.publish.verification_io import Verification
 from fdl_tasks.tree.buildscripts import declared_inputs, host_path, rerun_declarations
 from fdl_tasks.tree.roots import WatchPlan, watch_plan
-from fdl_tasks.tree.scope import Kind, Scope, gone_directory, make_scope
+from fdl_tasks.tree.scope import ChangeKind, Scope, gone_directory, make_scope
 from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.launchwait import wait_for_watch
 from fdl_tasks.watch.lines import (
@@ -53,17 +53,17 @@ def scope(**fields: object) -> Scope:
 @pytest.mark.parametrize(
     ("path", "kind"),
     [
-        (f"{ROOT}/ddp-bench/src/main.rs", Kind.SOURCE),
-        (f"{ROOT}/flodl/src/tensor/ops.rs", Kind.SOURCE),  # a path dependency elsewhere
-        (f"{ROOT}/ddp-bench/build.rs", Kind.SOURCE),
-        (f"{ROOT}/Cargo.toml", Kind.MANIFEST),
-        (f"{ROOT}/Cargo.lock", Kind.MANIFEST),
-        (f"{ROOT}/ddp-bench/Cargo.toml", Kind.MANIFEST),
-        (f"{ROOT}/.cargo/config.toml", Kind.BUILD_CONFIG),
-        (f"{ROOT}/rust-toolchain.toml", Kind.BUILD_CONFIG),
-        (f"{CU128}/lib/libtorch.so", Kind.LIBTORCH),
-        (f"{CU128}/build-version", Kind.LIBTORCH),
-        ("/home/me/cluster.yaml", Kind.CLUSTER),
+        (f"{ROOT}/ddp-bench/src/main.rs", ChangeKind.SOURCE),
+        (f"{ROOT}/flodl/src/tensor/ops.rs", ChangeKind.SOURCE),  # a path dependency elsewhere
+        (f"{ROOT}/ddp-bench/build.rs", ChangeKind.SOURCE),
+        (f"{ROOT}/Cargo.toml", ChangeKind.MANIFEST),
+        (f"{ROOT}/Cargo.lock", ChangeKind.MANIFEST),
+        (f"{ROOT}/ddp-bench/Cargo.toml", ChangeKind.MANIFEST),
+        (f"{ROOT}/.cargo/config.toml", ChangeKind.BUILD_CONFIG),
+        (f"{ROOT}/rust-toolchain.toml", ChangeKind.BUILD_CONFIG),
+        (f"{CU128}/lib/libtorch.so", ChangeKind.LIBTORCH),
+        (f"{CU128}/build-version", ChangeKind.LIBTORCH),
+        ("/home/me/cluster.yaml", ChangeKind.CLUSTER),
         # never: build output, version control, other variants, editor files, logs
         (f"{ROOT}/target/cluster/_shared/x/release/build/a-1/out/gen.rs", None),
         (f"{ROOT}/target/cluster/_envelopes/ddp-bench.json", None),
@@ -84,18 +84,18 @@ def scope(**fields: object) -> Scope:
         ("/etc/hosts.rs", None),  # outside the workspace: only what is declared
     ],
 )
-def test_classify(path: str, kind: Kind | None) -> None:
+def test_classify(path: str, kind: ChangeKind | None) -> None:
     assert scope().classify(path) == kind
 
 
 def test_a_source_dir_named_target_below_src_still_counts() -> None:
-    assert scope().classify(f"{ROOT}/ddp-bench/src/target/mod.rs") is Kind.SOURCE
+    assert scope().classify(f"{ROOT}/ddp-bench/src/target/mod.rs") is ChangeKind.SOURCE
 
 
 def test_cluster_file_inside_the_root_and_paths_not_normalised() -> None:
     inside = scope(cluster_files=[f"{ROOT}/cluster.yaml"])
-    assert inside.classify(f"{ROOT}/cluster.yaml") is Kind.CLUSTER
-    assert inside.classify(f"{ROOT}/ddp-bench/../ddp-bench/src//main.rs") is Kind.SOURCE
+    assert inside.classify(f"{ROOT}/cluster.yaml") is ChangeKind.CLUSTER
+    assert inside.classify(f"{ROOT}/ddp-bench/../ddp-bench/src//main.rs") is ChangeKind.SOURCE
 
 
 def test_every_file_of_a_flodl_cluster_counts_as_the_cluster_file() -> None:
@@ -104,7 +104,7 @@ def test_every_file_of_a_flodl_cluster_counts_as_the_cluster_file() -> None:
     layers = [f"{ROOT}/fdl.yml", "/home/me/shared.yml", f"{ROOT}/fdl.cluster.yml"]
     flodl = scope(cluster_files=[*layers, f"{ROOT}/fdl-tasks.yml"])
     for path in [*layers, f"{ROOT}/fdl-tasks.yml"]:
-        assert flodl.classify(path) is Kind.CLUSTER, path
+        assert flodl.classify(path) is ChangeKind.CLUSTER, path
     assert flodl.classify(f"{ROOT}/fdl.vm.yml") is None  # another env's overlay
     assert "/home/me" in watch_plan(flodl, [], lambda p: True).flat  # outside the root
 
@@ -114,16 +114,16 @@ def test_declared_inputs_and_whole_packages() -> None:
         declared=[f"{ROOT}/proto/model.proto", "/usr/local/include/nccl.h", f"{ROOT}/kernels"],
         whole_packages=[f"{ROOT}/flodl-sys"],
     )
-    assert s.classify(f"{ROOT}/proto/model.proto") is Kind.DECLARED
-    assert s.classify("/usr/local/include/nccl.h") is Kind.DECLARED
-    assert s.classify(f"{ROOT}/kernels/gemm.cu") is Kind.DECLARED  # a declared directory
-    assert s.classify(f"{ROOT}/flodl-sys/csrc/wrap.cpp") is Kind.DECLARED
+    assert s.classify(f"{ROOT}/proto/model.proto") is ChangeKind.DECLARED
+    assert s.classify("/usr/local/include/nccl.h") is ChangeKind.DECLARED
+    assert s.classify(f"{ROOT}/kernels/gemm.cu") is ChangeKind.DECLARED  # a declared directory
+    assert s.classify(f"{ROOT}/flodl-sys/csrc/wrap.cpp") is ChangeKind.DECLARED
     assert s.classify(f"{ROOT}/flodl-sys/train.log") is None
     assert s.classify(f"{ROOT}/flodl-sys/target/x.o") is None
     assert s.classify(f"{ROOT}/proto/other.proto") is None
     named = scope(declared=[f"{ROOT}/.env", f"{ROOT}/.hidden/schema.json"])
-    assert named.classify(f"{ROOT}/.env") is Kind.DECLARED  # named: whatever its name
-    assert named.classify(f"{ROOT}/.hidden/schema.json") is Kind.DECLARED
+    assert named.classify(f"{ROOT}/.env") is ChangeKind.DECLARED  # named: whatever its name
+    assert named.classify(f"{ROOT}/.hidden/schema.json") is ChangeKind.DECLARED
 
 
 def test_make_scope_drops_declarations_under_a_target_dir_and_excludes_own_dirs() -> None:
@@ -138,7 +138,7 @@ def test_make_scope_drops_declarations_under_a_target_dir_and_excludes_own_dirs(
 
 def test_gone_directory() -> None:
     s = scope()
-    assert gone_directory(s, f"{ROOT}/ddp-bench/src/layers") is Kind.SOURCE
+    assert gone_directory(s, f"{ROOT}/ddp-bench/src/layers") is ChangeKind.SOURCE
     assert gone_directory(s, f"{ROOT}/ddp-bench/src/notes.txt") is None
     assert gone_directory(s, f"{ROOT}/target/cluster/x") is None
     assert gone_directory(s, f"{ROOT}/.git/refs") is None
@@ -302,8 +302,8 @@ def test_polling_choice() -> None:
 # ---------------------------------------------------------------------------- when
 
 
-def src(n: int) -> dict[str, Kind]:
-    return {f"{ROOT}/src/m{n}.rs": Kind.SOURCE}
+def src(n: int) -> dict[str, ChangeKind]:
+    return {f"{ROOT}/src/m{n}.rs": ChangeKind.SOURCE}
 
 
 def test_a_burst_is_one_batch_once_quiet() -> None:
@@ -400,7 +400,7 @@ def test_simulated_editor_sessions() -> None:
 def test_describe_changes() -> None:
     assert describe_changes({}, ROOT) == "nothing changed"
     assert describe_changes(src(1), ROOT) == "src/m1.rs changed"
-    assert describe_changes({"/home/me/cluster.yaml": Kind.CLUSTER}, ROOT) == (
+    assert describe_changes({"/home/me/cluster.yaml": ChangeKind.CLUSTER}, ROOT) == (
         "/home/me/cluster.yaml changed"
     )
     many = {**src(1), **src(2), **src(3), **src(4)}
@@ -427,8 +427,8 @@ def test_build_labels() -> None:
 
 def test_verified_text() -> None:
     assert verified_text(None) == "verification off (--no-verify)"
-    delivery = Delivery(verified=("a", "b"), unverified={"c": "unreachable"}, problems=())
-    assert verified_text(delivery) == "2 host(s) verified, 1 not verified: c (unreachable)"
+    verification = Verification(verified=("a", "b"), unverified={"c": "unreachable"}, problems=())
+    assert verified_text(verification) == "2 host(s) verified, 1 not verified: c (unreachable)"
 
 
 def test_stopped_line() -> None:

@@ -209,7 +209,7 @@ def test_the_file_watch_sees_a_save_right_after_its_first_look(tree: Path, polli
     got: Changes = set()
     arrived = threading.Event()
 
-    def deliver(changes: Changes) -> None:
+    def receive(changes: Changes) -> None:
         got.update(changes)
         if (Change.modified, str(main)) in changes and "b" in main.read_text():
             arrived.set()
@@ -221,7 +221,7 @@ def test_the_file_watch_sees_a_save_right_after_its_first_look(tree: Path, polli
             time.sleep(0.3)  # a big tree: the first look takes a while
         return scan(p, s, last, time.time_ns())
 
-    watch = FileWatch(plan, polling, deliver, lambda e: None, slow_first_look)
+    watch = FileWatch(plan, polling, receive, lambda e: None, slow_first_look)
     main.write_text("a\n")
     watch.start().wait_ready()
     try:

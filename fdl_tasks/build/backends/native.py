@@ -65,13 +65,14 @@ def native_line(
 SHELL_NOISE = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "TERM", "COLUMNS", "LINES"})
 
 
-def toolchain_identity(crate_dir: str) -> str | None:
-    """What this machine's cargo reads besides the project: the toolchain that runs in
+def native_identity(crate_dir: str) -> str | None:
+    """What this machine's cargo reads besides the project (the native mode's
+    counterpart of an image's content id): the Rust release that runs in
     ``crate_dir`` (``rustc -vV``, ``cargo -V``: a ``rust-toolchain`` file or a rustup
     update changes them), every cargo configuration above the project and in its home,
     and the environment (a build script may read any variable; not the envelope this
-    process hands over after each publication); ``None`` when the toolchain cannot be
-    asked."""
+    process hands over after each publication); ``None`` when the Rust release cannot
+    be asked."""
     parts = []
     for argv in (["rustc", "-vV"], ["cargo", "-V"]):
         try:
@@ -111,8 +112,8 @@ class NativeBackend(RunBackend):
     toolchain_key = ""
 
     @functools.cached_property
-    def toolchains(self) -> dict[str, str | None]:
-        """Each crate dir's :func:`toolchain_identity`, asked once per run."""
+    def identities(self) -> dict[str, str | None]:
+        """Each crate dir's :func:`native_identity`, asked once per run."""
         return {}
 
     def toolchain(
@@ -165,19 +166,19 @@ class NativeBackend(RunBackend):
         return None
 
     def record_inputs(self, job: BuildJob) -> RecordInputs:
-        """The build line and :func:`toolchain_identity` (asked once per crate dir and
+        """The build line and :func:`native_identity` (asked once per crate dir and
         run); none for a ``--timings`` build (its report comes from cargo). The paths are
         the controller's; only the project's are recorded (what ``~/.cargo`` holds is
         immutable once downloaded)."""
         mounts = ((self.controller.path, self.controller.path),)
         crate = join_path(self.controller.path, job.build.crate_dir)
-        if crate not in self.toolchains:
-            self.toolchains[crate] = toolchain_identity(crate)
-        toolchain = self.toolchains[crate]
-        if toolchain is None or job.build.timings:
+        if crate not in self.identities:
+            self.identities[crate] = native_identity(crate)
+        identity = self.identities[crate]
+        if identity is None or job.build.timings:
             return RecordInputs(None, mounts)
         line = native_line(job, self.controller, self.cache, RECORD_RUN_ID)
-        return RecordInputs(f"{toolchain}\n{line}", mounts)
+        return RecordInputs(f"{identity}\n{line}", mounts)
 
     def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
         """The build's process group (its id is the process's: ``exec setsid``)."""
