@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from fdl_tasks.core.console import format_table
-from fdl_tasks.preflight.probe import END, ProbeRequest
+from fdl_tasks.preflight.probe import ProbeRequest
+from fdl_tasks.ssh.answers import END
 from rig.fleetrig import FleetRig
 from rig.harness import inv_argv, rig_env, write_cluster, write_tasks_file
 

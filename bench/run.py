@@ -75,7 +75,8 @@ from bench import crate_gen
 from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.core.console import format_table
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
-from fdl_tasks.preflight.probe import END, ProbeRequest
+from fdl_tasks.preflight.probe import ProbeRequest
+from fdl_tasks.ssh.answers import END
 from rig.harness import (
     Running,
     bring_up,

@@ -16,9 +16,16 @@ from collections.abc import Iterable
 
 import attrs
 
-from fdl_tasks.gpu.gpus import Vendor
-from fdl_tasks.config.layout import BuildKey, built_binary, host_binary, host_dir, log_file, shared_dir
+from fdl_tasks.config.layout import (
+    BuildKey,
+    built_binary,
+    host_binary,
+    host_dir,
+    log_file,
+    shared_dir,
+)
 from fdl_tasks.config.model import Arch, BuildMode
+from fdl_tasks.gpu.gpus import Vendor
 
 
 @attrs.frozen

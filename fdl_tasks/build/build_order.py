@@ -30,13 +30,11 @@ def concurrency(configured: int, jobs: Sequence[BuildJob], root: Path) -> int:
     return max(1, min(bound, len(jobs)))
 
 
-
 def head_start(*, cached: bool, cold: bool, builds: int, dependencies: bool = False) -> int:
     """How many builds run before the others start: one when the compile cache can be
     warmed for the rest (every target dir cold, or ``dependencies`` changed since the
     last builds: :mod:`fdl_tasks.cargo.manifests`), else none (without a cache nothing waits)."""
     return 1 if cached and (cold or dependencies) and builds > 1 else 0
-
 
 
 def order_text(builds: int, at_once: int, first: int, dependencies: bool) -> str:
@@ -46,7 +44,6 @@ def order_text(builds: int, at_once: int, first: int, dependencies: bool) -> str
     why = " with the changed dependencies" if dependencies else ""
     then = min(at_once, builds - first)
     return f"the first build alone to fill the cache{why}, then {then} at a time"
-
 
 
 def _all_warm(jobs: Sequence[BuildJob], root: Path) -> bool:

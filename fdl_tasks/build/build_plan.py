@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from fdl_tasks.config.mode_fit import misfits
 from fdl_tasks.build.backends.protocol import Backend
 from fdl_tasks.build.build_environment import (
     Build,
@@ -21,12 +20,13 @@ from fdl_tasks.build.build_environment import (
     CrossBuild,
     NoEnvironment,
 )
+from fdl_tasks.build.vendor_builds import check_vendor_builds
 from fdl_tasks.cargo.cross_targets import GNU_TARGETS
-from fdl_tasks.core.errors import FdlError
-from fdl_tasks.gpu.gpus import vendor_of
+from fdl_tasks.config.mode_fit import misfits
 from fdl_tasks.config.model import CrossSetup, Worker
 from fdl_tasks.config.variants import cargo_features, require_arch
-from fdl_tasks.build.vendor_builds import check_vendor_builds
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.gpu.gpus import vendor_of
 
 
 def cross_build(cpu_arch: str, setup: CrossSetup) -> CrossBuild:

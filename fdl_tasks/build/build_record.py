@@ -68,10 +68,6 @@ class RecordInputs:
     rustup: tuple[str, ...] = ()
 
 
-
-
-
-
 def named(units: Mapping[str, Iterable[str]]) -> set[str]:
     """Every path some unit names."""
     return {path for paths in units.values() for path in paths}
@@ -194,7 +190,7 @@ def units_reading(units: Mapping[str, Iterable[str]], paths: Iterable[str]) -> l
 
 
 @attrs.frozen
-class Verdict:
+class Freshness:
     """``fresh``: cargo need not run; ``forced``: the units cargo must rebuild although
     their mtimes may say otherwise; ``changed``: the files changed by content."""
 
@@ -205,7 +201,7 @@ class Verdict:
 
 def verdict(
     record: BuildRecord, identity: str | None, now: Snapshot, binary: Entry | None
-) -> Verdict:
+) -> Freshness:
     """What a build must do, from its record and a look taken now (with the record's as
     the previous one, so that a file whose stat moved or was racy has its digest).
 
@@ -235,7 +231,7 @@ def verdict(
         and record.binary.same_stat(binary)
         and covered(now, then)
     )
-    return Verdict(fresh, tuple(units_reading(record.units, changed)), tuple(changed))
+    return Freshness(fresh, tuple(units_reading(record.units, changed)), tuple(changed))
 
 
 def covered(now: Snapshot, then: Snapshot) -> bool:
@@ -286,7 +282,7 @@ def first_changed(record: BuildRecord, now: Snapshot) -> str | None:
     return changed[0] if changed else None
 
 
-def forced_line(verdict: Verdict, root: Path) -> str:
+def forced_line(verdict: Freshness, root: Path) -> str:
     """What a build whose record forced units says before cargo starts."""
     units = f"{len(verdict.forced)} unit(s) rebuilt whatever their mtimes say"
     if not verdict.changed:

@@ -10,9 +10,10 @@ what a unit named) whose stat moved or was racy; the variant and the mounts
 are looked at by stat alone. Paths a build saw in its container are mapped
 back through the most specific mount.
 
-The units and what each read come from :mod:`fdl_tasks.build.unit_reads`. A forced unit's fingerprint directory is removed before cargo
-runs: cargo rebuilds that unit and its dependents, in that target dir only,
-and never sees the user's files touched.
+The units and what each read come from :mod:`fdl_tasks.build.unit_reads`. A
+forced unit's fingerprint directory is removed before cargo runs: cargo rebuilds
+that unit and its dependents, in that target dir only, and never sees the user's
+files touched.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import attrs
 from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_record import (
     BuildRecord,
+    Freshness,
     RecordInputs,
-    Verdict,
     as_read,
     named,
     reused_digest,
@@ -73,7 +74,7 @@ class Check:
     """A build's check against its record: ``verdict.fresh`` when cargo can be skipped;
     ``look``, taken before cargo, becomes the next record if the build succeeds."""
 
-    verdict: Verdict
+    verdict: Freshness
     look: Snapshot
     inputs: RecordInputs
 
@@ -119,7 +120,7 @@ class Records:
         if not whole:
             inputs = attrs.evolve(inputs, identity=None)
         if record is None:  # every unit that read the project: what it read is not known
-            found = Verdict(False, tuple(sorted(unit for unit, paths in units.items() if paths)))
+            found = Freshness(False, tuple(sorted(unit for unit, paths in units.items() if paths)))
         else:
             found = verdict(record, identity, look, _entry(self.root / job.built_binary))
         if not found.fresh:
@@ -250,16 +251,16 @@ def _walkable(source: str) -> bool:
 
 
 def _rustup_dirs(home: str) -> set[str] | None:
-    """What ``rustup`` rewrites when it installs or updates a toolchain: the home's
-    ``settings.toml``, ``update-hashes/<toolchain>`` and each toolchain's channel
-    manifest (``toolchains/<toolchain>/lib/rustlib/``); ``None`` when not found."""
-    toolchains = posixpath.join(home, "toolchains")
+    """What ``rustup`` rewrites when it installs or updates a Rust release: the home's
+    ``settings.toml``, ``update-hashes/<release>`` and each release's channel manifest
+    (``toolchains/<release>/lib/rustlib/``, rustup's own path); ``None`` when not found."""
+    releases = posixpath.join(home, "toolchains")
     try:
-        with os.scandir(toolchains) as found:
+        with os.scandir(releases) as found:
             rustlibs = {posixpath.join(e.path, "lib", "rustlib") for e in found if e.is_dir()}
     except OSError:
         return None
-    return {home, posixpath.join(home, "update-hashes"), toolchains, *rustlibs}
+    return {home, posixpath.join(home, "update-hashes"), releases, *rustlibs}
 
 
 def _entry(path: Path) -> Entry | None:

@@ -18,17 +18,17 @@ import attrs
 from fdl_tasks.build.backends.protocol import Backend
 from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_environment import BuildJob
-from fdl_tasks.build.builder import Builder, JobResult
 from fdl_tasks.build.build_order import concurrency, order_text
+from fdl_tasks.build.build_record_io import Records
+from fdl_tasks.build.builder import Builder, JobResult
 from fdl_tasks.cache.compile_cache import CompileCache, find_cache, open_cache
-from fdl_tasks.core.console import StatusBoard, format_table
-from fdl_tasks.core.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.config.layout import CARGO_TIMINGS_DIR, TIMINGS_DIR
 from fdl_tasks.config.names import join_path
-from fdl_tasks.build.build_record_io import Records
-from fdl_tasks.core.reporting import Severity
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.variants import libtorch_dir
+from fdl_tasks.core.console import StatusBoard, format_table
+from fdl_tasks.core.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
+from fdl_tasks.core.reporting import Severity
 
 #: What the summary's cache column means, printed under the table when it has counts.
 CACHE_NOTE = (

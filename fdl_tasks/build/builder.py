@@ -57,14 +57,6 @@ class JobResult:
     started: float = 0.0
 
 
-
-
-
-
-
-
-
-
 class Builder:
     """Runs one prebuild's jobs through the run's backend, collects every result.
 
@@ -271,8 +263,6 @@ class Builder:
     def _expire(self, job: BuildJob, process: int, expired: threading.Event) -> None:
         expired.set()
         self._left(self.backend.stop_job(job, process))
-
-
 
 
 def _size_and_mtime(path: Path) -> tuple[int, int] | None:

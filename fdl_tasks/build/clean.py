@@ -16,13 +16,13 @@ from pathlib import Path
 
 from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_plan import live_target_dirs
-from fdl_tasks.core.console import format_table
-from fdl_tasks.core.errors import FdlError
 from fdl_tasks.config.installed_variants import expand_auto
 from fdl_tasks.config.layout import CLUSTER_TARGET, LOCK_FILE, OWN_ENTRIES, WATCH_DIR, stale_dirs
-from fdl_tasks.core.locks import FileLock
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.setting_values import size_bytes
+from fdl_tasks.core.console import format_table
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.locks import FileLock
 
 
 def tree_entries(tree: Path) -> list[str]:

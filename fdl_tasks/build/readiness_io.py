@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from fdl_tasks.gpu.auto_arch import AUTO
 from fdl_tasks.build.backends.protocol import Backend
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob
 from fdl_tasks.build.build_plan import plan_environments
-from fdl_tasks.core.errors import FdlError
-from fdl_tasks.config.model import Worker
 from fdl_tasks.build.readiness import NOTHING_BUILT, root_missing, variants_missing
+from fdl_tasks.config.model import Worker
 from fdl_tasks.config.variants import libtorch_dir
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.gpu.auto_arch import AUTO
 
 
 def variant_problem(root: Path, environments: Mapping[str, BuildEnvironment]) -> str | None:

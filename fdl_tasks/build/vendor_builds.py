@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from fdl_tasks.build.backends.protocol import Backend
+from fdl_tasks.config.model import Worker
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.gpu.gpus import VENDOR_NAMES, Vendor, vendor_of
-from fdl_tasks.config.model import Worker
 
 
 def _vendor(worker: Worker) -> Vendor:

@@ -43,6 +43,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MACHINE = re.compile(r"[a-z0-9][a-z0-9_]*")
 _TARGET = re.compile(r"[a-z0-9_]+(?:-[a-z0-9_.]+){2,3}")
 _SERVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_MOUNTABLE = re.compile(r"[^:,]*")  # a path Docker's -v syntax can carry
 _FEATURE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_+-]*(?:/[A-Za-z0-9_][A-Za-z0-9_+-]*)?")
 #: Variables flodl's launcher sets per rank; fdl-cli refuses them in a cluster's ``env``.
 LAUNCHER_OWNED = frozenset(
@@ -148,10 +149,6 @@ def check_cuda_release(value: object) -> CudaRelease:
     if Cuda.parse(text) is None:
         raise InvalidValue(f"CUDA version {quote(text)} must look like '12.8' or '12.6.3'")
     return text
-
-
-#: A path Docker's ``-v`` syntax can carry.
-_MOUNTABLE = re.compile(r"[^:,]*")
 
 
 def check_mount_path(value: object) -> str:

@@ -25,8 +25,8 @@ import attrs
 
 from fdl_tasks.config.model import Cluster, Worker
 from fdl_tasks.config.names import join_path
-from fdl_tasks.preflight.probe import BEGIN, END, marked_answers
 from fdl_tasks.publish.envelope import PerHostEnvelope
+from fdl_tasks.ssh.answers import BEGIN, END, marked_answers
 
 #: Marks a file being uploaded: ``.<bin>.fdl-part-<token>`` beside the final path.
 PART_INFIX = ".fdl-part-"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
-from fdl_tasks.preflight.probe import BEGIN, END, marked_answers
+from fdl_tasks.ssh.answers import BEGIN, END, marked_answers
 
 #: A file's size in bytes and its modification time in whole seconds: which version it is.
 SizeAndTime = tuple[int, int]

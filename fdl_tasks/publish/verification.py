@@ -13,7 +13,6 @@ import attrs
 
 from fdl_tasks.config.names import join_path
 from fdl_tasks.core.binary_files import elf_machine
-from fdl_tasks.preflight.probe import BEGIN, END, HOST_FACT_LINES, glibc_version, marked_answers
 from fdl_tasks.preflight.unmet_versions import (
     UNMET_KEY,
     UNMET_SED,
@@ -22,6 +21,7 @@ from fdl_tasks.preflight.unmet_versions import (
     unmet_text,
 )
 from fdl_tasks.publish.envelope import PerHostEnvelope
+from fdl_tasks.ssh.answers import BEGIN, END, HOST_FACT_LINES, glibc_version, marked_answers
 
 
 def verification_script(worker_path: str, entry: PerHostEnvelope) -> str:

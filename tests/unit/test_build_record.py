@@ -21,8 +21,8 @@ from fdl_tasks.build.build_record import (
     UNKNOWN,
     VERSION,
     BuildRecord,
+    Freshness,
     RecordInputs,
-    Verdict,
     as_read,
     content_changed,
     reused_digest,
@@ -600,7 +600,7 @@ def test_torn_or_foreign_files_are_no_record_and_no_crash(tmp_path: Path) -> Non
     job = project(tmp_path)
     built(tmp_path, job)
     record_file(tmp_path, job).write_bytes(b"\xff\xfe not utf-8")
-    assert records(tmp_path).check(job).verdict == Verdict(
+    assert records(tmp_path).check(job).verdict == Freshness(
         False,
         (
             "release/.fingerprint/ddp-bench-0001",
@@ -632,7 +632,7 @@ def test_a_second_commands_first_build_compares_with_the_first_commands_record(
     built(tmp_path, job)
     second = attrs.evolve(job, build=attrs.evolve(job.build, command="ddp-eval"))
     check = records(tmp_path).check(second)
-    assert check.verdict == Verdict(False)  # no unit forced; cargo builds what it adds
+    assert check.verdict == Freshness(False)  # no unit forced; cargo builds what it adds
     (tmp_path / "util/src/lib.rs").write_text("pub fn g() {}\n")
     assert records(tmp_path).check(second).verdict.forced == ("release/.fingerprint/util-0002",)
 
@@ -703,7 +703,7 @@ def test_a_build_that_did_not_end_well_is_compared_with_too(tmp_path: Path) -> N
     lib.write_text(original)
     os.utime(lib, ns=(mtime, mtime))
     check = records(tmp_path).check(job)
-    assert check.verdict == Verdict(False, ("release/.fingerprint/util-0002",), (str(lib),))
+    assert check.verdict == Freshness(False, ("release/.fingerprint/util-0002",), (str(lib),))
     built(tmp_path, job)  # a build that ends well
     assert records(tmp_path).check(job).verdict.fresh
 

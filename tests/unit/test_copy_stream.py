@@ -11,9 +11,9 @@ from typing import Any
 import paramiko
 
 from fdl_tasks.config.settings import Settings
-from fdl_tasks.preflight.probe import BEGIN, END
 from fdl_tasks.publish.delivery import HostState, Target, stream_problem, stream_script
 from fdl_tasks.publish.delivery_io import deliver
+from fdl_tasks.ssh.answers import BEGIN, END
 from fdl_tasks.ssh.outcomes import Reply
 
 STATE = HostState(mkdir="ok", writable=True, sha256=None, free_bytes=10**9)

@@ -14,7 +14,7 @@ from fdl_tasks.gpu.gpus import Gpu, GpuReport, Vendor
 from fdl_tasks.gpu.launch_facts import all_devices_error, loopback_warning, only_loopback
 from fdl_tasks.preflight.gpu_gate import gate
 from fdl_tasks.preflight.preflight import controller_loopback, resolve
-from fdl_tasks.preflight.probe import BEGIN, END, ControllerAbi, ProbeFacts, ProbeRequest, judge
+from fdl_tasks.preflight.probe import ControllerAbi, ProbeFacts, ProbeRequest, judge
 from fdl_tasks.preflight.probe import parse_facts as parse_probe
 from fdl_tasks.preflight.unmet_versions import UnmetVersion, parse_unmet, unmet_text
 from fdl_tasks.publish.envelope import PerHostEnvelope
@@ -23,6 +23,7 @@ from fdl_tasks.publish.verification import (
     parse_verification,
     verification_script,
 )
+from fdl_tasks.ssh.answers import BEGIN, END
 
 #: Real ldd output: rockylinux:9 loading a libtorch built on a newer distribution.
 ROCKY9 = (Path(__file__).parents[1] / "data/ldd/rockylinux9-newer-libtorch.txt").read_text()

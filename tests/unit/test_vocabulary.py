@@ -37,8 +37,7 @@ PENDING_ALIASES: dict[str, str] = {
 
 #: Type names two modules define, each with why; any other is a second meaning of a word.
 SHARED_TYPE_NAMES: dict[str, str] = {
-    "Answers": "gpu_probe's Protocol is probe's class as the gpu layer, below it, sees it",
-    "Verdict": "build_record.Verdict (a record's freshness) awaits its rename to Freshness",
+    "Answers": "gpu_probe's Protocol is ssh.answers' class as the gpu layer, below it, sees it",
 }
 
 _MODULE = re.compile(r"`([\w/<>]+\.py)`(?:\s*\(([^)]*)\))?")

@@ -24,7 +24,6 @@ from fdl_tasks.build.build_argv import (
 )
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.build.build_record import RECORD_RUN_ID, RecordInputs
-from fdl_tasks.cache.compile_cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.build.docker_tools import (
     check_docker,
     compose_configs,
@@ -33,10 +32,11 @@ from fdl_tasks.build.docker_tools import (
     service_images,
     user_ids,
 )
-from fdl_tasks.gpu.gpus import Vendor
+from fdl_tasks.cache.compile_cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.config.model import Arch, BuildMode, ComposeService, Controller, CrossSetup
 from fdl_tasks.config.names import join_path
 from fdl_tasks.config.variants import arch_cuda, libtorch_dir
+from fdl_tasks.gpu.gpus import Vendor
 
 #: What flodl passes for its ``dev`` (CPU) service's libtorch mount.
 COMPOSE_CPU_LIBTORCH = "./libtorch/precompiled/cpu"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fdl_tasks.build.backends.protocol import RunBackend
-
 from fdl_tasks.build.build_argv import JOB_LABEL, RUN_LABEL
 from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.docker_tools import remove_containers

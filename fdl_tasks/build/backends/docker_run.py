@@ -7,22 +7,32 @@ A stop or a timeout removes the build's containers, found by their labels
 from __future__ import annotations
 
 import functools
-
 import shlex
 from collections.abc import Mapping, Sequence
 
 import attrs
 
 from fdl_tasks.build.backends.containers import ContainerBackend
-from fdl_tasks.build.build_argv import cargo_argv, container_cache, container_identity, cross_variables
+from fdl_tasks.build.build_argv import (
+    cargo_argv,
+    container_cache,
+    container_identity,
+    cross_variables,
+)
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.build.build_record import RECORD_RUN_ID, RecordInputs
-from fdl_tasks.cache.compile_cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.build.docker_tools import check_docker, user_ids
-from fdl_tasks.gpu.gpus import Vendor
+from fdl_tasks.cache.compile_cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.config.model import Arch, BuildMode, Controller, CrossSetup, DockerSettings
 from fdl_tasks.config.names import join_path
-from fdl_tasks.config.variants import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, Cuda, arch_cuda, libtorch_dir
+from fdl_tasks.config.variants import (
+    CUDA_TAG_FIELD,
+    CUDA_VERSION_FIELD,
+    Cuda,
+    arch_cuda,
+    libtorch_dir,
+)
+from fdl_tasks.gpu.gpus import Vendor
 
 
 def resolve_image(docker: DockerSettings, template: str, arch: Arch) -> str | NoEnvironment:

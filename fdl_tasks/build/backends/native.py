@@ -7,9 +7,6 @@ it started (and, with the compile cache, the build's sccache server).
 from __future__ import annotations
 
 import functools
-
-from fdl_tasks.build.backends.protocol import RunBackend
-
 import hashlib
 import os
 import shlex
@@ -19,16 +16,17 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from fdl_tasks.build.backends.protocol import RunBackend
 from fdl_tasks.build.build_argv import cargo_argv, cross_variables
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.build.build_record import RECORD_RUN_ID, RecordInputs
+from fdl_tasks.build.readiness import cross_std_missing, has_std
 from fdl_tasks.cache.compile_cache import CompileCache, stop_server, with_stats
-from fdl_tasks.core.errors import FdlError
-from fdl_tasks.gpu.gpus import Vendor
 from fdl_tasks.config.model import Arch, BuildMode, Controller, CrossSetup
 from fdl_tasks.config.names import join_path
-from fdl_tasks.build.readiness import cross_std_missing, has_std
 from fdl_tasks.config.variants import libtorch_dir
+from fdl_tasks.core.errors import FdlError
+from fdl_tasks.gpu.gpus import Vendor
 
 
 def native_server(run_id: str, job_name: str) -> str:

@@ -15,8 +15,8 @@ from typing import Protocol
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.build.build_record import RecordInputs
 from fdl_tasks.cache.compile_cache import CompileCache
-from fdl_tasks.gpu.gpus import Vendor
 from fdl_tasks.config.model import Arch, BuildMode, Controller, CrossSetup
+from fdl_tasks.gpu.gpus import Vendor
 
 
 class RunBackend:
