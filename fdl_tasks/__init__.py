@@ -7,15 +7,37 @@ The public API is what ``__all__`` names (docs/compose.md shows it in use):
   task is also importable from :mod:`fdl_tasks.tasks` (``prebuild``,
   ``preflight``, ``build_host``, ``launch``, ``clean``, ``push_libtorch``);
 - :func:`prebuild` and :func:`preflight`, typed functions that run the same
-  steps from your own task and return what they did
-  (:class:`~fdl_tasks.publish.pipeline.Published`, :class:`~fdl_tasks.preflight.probe.Verdict`);
+  steps from your own task, on any thread, taking a :class:`Settings` (or
+  ``c.config.fdl``; :func:`settings_of`) and returning frozen values of their
+  own (:class:`Published` with each :class:`HostBinary`, :class:`Verdict`);
 - :class:`FdlError` and :class:`Stopped`, what those functions raise.
 
+Importing it changes nothing in the process: no ``sys.excepthook``, no signal
+handler, no environment variable (:mod:`fdl_tasks.cli` says when the tasks do).
 Every other module is internal and may change between releases.
 """
 
-from fdl_tasks.api import Published, Verdict, prebuild, preflight
+from fdl_tasks.api import (
+    HostBinary,
+    Published,
+    Settings,
+    Verdict,
+    prebuild,
+    preflight,
+    settings_of,
+)
 from fdl_tasks.core.errors import FdlError, Stopped
 from fdl_tasks.tasks import ns
 
-__all__ = ["FdlError", "Published", "Stopped", "Verdict", "ns", "prebuild", "preflight"]
+__all__ = [
+    "FdlError",
+    "HostBinary",
+    "Published",
+    "Settings",
+    "Stopped",
+    "Verdict",
+    "ns",
+    "prebuild",
+    "preflight",
+    "settings_of",
+]

@@ -7,6 +7,11 @@ A value Invoke cannot cast is a usage error, an :class:`FdlError` one
 paragraph and exit code 1, a stop by the user (Ctrl-C, SIGTERM) exit code 130, a
 failure or a stop that left a build container or process it could not remove exit code 3,
 a host's ssh login misconfigured exit code 4, no host verified exit code 5.
+
+What a command-line program needs beyond that is installed only when there is
+one: SIGTERM as Ctrl-C while a task runs (:func:`user_errors`), the hook for
+Invoke's configuration files when Invoke's loader imports the tasks
+(:func:`hook_config_errors`). Importing fdl-tasks into a program changes nothing.
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 import yaml
 from invoke.config import AmbiguousMergeError, Config
 from invoke.context import Context
 from invoke.exceptions import Exit, ParseError
+from invoke.loader import Loader
 from invoke.parser.argument import Argument
 from invoke.tasks import Task, task
 from invoke.vendor import yaml as invoke_yaml
@@ -36,6 +42,7 @@ from fdl_tasks.core.errors import (
     Stopped,
     StoppedLeftRunning,
 )
+from fdl_tasks.core.interrupts import as_program
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,12 +110,14 @@ def off(flag: bool) -> bool | None:
 def user_errors(body: F) -> F:
     """Turn :class:`FdlError` into a clean message and exit 1, a stop into exit 130, and
     either into exit 3 when it left a container or process it could not remove; a refused
-    login exits 4, no host verified 5."""
+    login exits 4, no host verified 5. The body runs :func:`as_program`: a task is the
+    program, whose SIGTERM stops it as Ctrl-C does."""
 
     @functools.wraps(body)
     def wrapper(c: Context, *args: Any, **kwargs: Any) -> Any:
         try:
-            return body(c, *args, **kwargs)
+            with as_program():
+                return body(c, *args, **kwargs)
         except (LeftRunning, StoppedLeftRunning) as exc:
             raise Exit(f"fdl: {exc}", code=3) from None
         except LoginRefused as exc:
@@ -171,10 +180,27 @@ def config_file_problem(exc: BaseException, tb: TracebackType | None) -> str | N
     return merge_problem(path, text, keys, value if found else None)
 
 
-def exit_on_config_errors() -> None:
+def loaded_by_invoke() -> bool:
+    """Whether Invoke's task loader is importing this (``inv`` starting, or another Invoke
+    program loading a tasks file), not a program that imports fdl-tasks itself."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Loader):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def hook_config_errors() -> None:
     """Invoke reads its configuration files after importing the tasks, outside any task:
     a broken one would end ``inv`` in Invoke's traceback. Said as one paragraph, exit 1;
-    every other exception goes to the hook there was."""
+    every other exception goes to the hook there was.
+
+    A hook for the whole process, so set only when Invoke's loader imports the tasks:
+    the one moment a command line is starting and no task can catch what follows.
+    """
+    if not loaded_by_invoke():
+        return
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:

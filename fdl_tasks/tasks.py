@@ -14,9 +14,9 @@ from invoke.collection import Collection
 from invoke.context import Context
 
 import fdl_tasks.publish.pipeline as pipeline
-from fdl_tasks.api import crate_of, publish_in_process, start_build
+from fdl_tasks.api import crate_of, recorded_prebuild, start_build
 from fdl_tasks.build.clean import clean_target_tree, stale_warning
-from fdl_tasks.cli import exit_on_config_errors, fdl_task, off, require_command
+from fdl_tasks.cli import fdl_task, hook_config_errors, off, require_command
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.settings import namespace_defaults
 from fdl_tasks.core.errors import FdlError
@@ -185,9 +185,11 @@ def prebuild(
 
         watch_and_rebuild(run, command, crate, as_json=json)
         return
-    published = publish_in_process(run, command, crate)
+    hand_over(None)  # until this run publishes, no envelope of this process is valid
+    published = recorded_prebuild(run, command, crate)
     if published is None:
         return
+    hand_over(published.text)
     stale_warning(run)
     if json:
         print(published.text)
@@ -297,6 +299,6 @@ def push_libtorch(
     push_libtorch_to(run, workers)
 
 
-exit_on_config_errors()
+hook_config_errors()
 ns = Collection(preflight, build_host, prebuild, launch, clean, push_libtorch)
 ns.configure({"fdl": namespace_defaults()})

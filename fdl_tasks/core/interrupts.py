@@ -1,4 +1,13 @@
-"""Interrupts: SIGTERM stops a run exactly the way Ctrl-C does."""
+"""Interrupts: SIGTERM stops a run exactly the way Ctrl-C does, when fdl-tasks is the program.
+
+Signal handlers belong to the program, and only its main thread may set them
+(:func:`signal.signal` raises anywhere else). So the tasks say that they run as
+the program (:func:`as_program`, around each task's body) and the steps take
+SIGTERM over only then, on the main thread: a project calling
+:mod:`fdl_tasks.api` keeps its own handlers, from any thread. A flag in a
+:class:`~contextvars.ContextVar`, not a global: it holds for the task's own
+thread alone, and is reset however the task ends.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +16,37 @@ import signal
 import subprocess
 import threading
 from collections.abc import Iterator
+from contextvars import ContextVar
 from types import FrameType
 
 #: What a foreground program is passed on: a stop (Ctrl-C, TERM) or the terminal's hang-up.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
+_AS_PROGRAM: ContextVar[bool] = ContextVar("fdl_tasks_as_program", default=False)
+
+
+@contextlib.contextmanager
+def as_program() -> Iterator[None]:
+    """Inside: a task runs, so fdl-tasks is the program and may take SIGTERM over."""
+    token = _AS_PROGRAM.set(True)
+    try:
+        yield
+    finally:
+        _AS_PROGRAM.reset(token)
+
+
+def owns_signals() -> bool:
+    """Whether this code may set signal handlers: a task's, on the main thread."""
+    return _AS_PROGRAM.get() and threading.current_thread() is threading.main_thread()
+
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops a prebuild exactly like Ctrl-C does."""
+    """SIGTERM stops a prebuild exactly like Ctrl-C does; outside a task's main thread,
+    SIGTERM stays the program's (:func:`owns_signals`)."""
+    if not owns_signals():
+        yield
+        return
 
     def interrupt(_signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -31,8 +62,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
     """Each stop this process gets is passed on to ``process``, once (it runs in a process
     group of its own, so the terminal's Ctrl-C reaches it only through here); the program
-    decides how to stop. Off the main thread no handler can be set: nothing is forwarded."""
-    if threading.current_thread() is not threading.main_thread():
+    decides how to stop. Outside a task's main thread (:func:`owns_signals`), nothing is."""
+    if not owns_signals():
         yield
         return
 

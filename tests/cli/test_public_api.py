@@ -6,7 +6,11 @@ are placeholders.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
+
+import attrs
+import pytest
 
 import fdl_tasks
 from rig.harness import run_inv
@@ -17,14 +21,16 @@ workers:
   - {{host: a, path: /mnt/p, arch: precompiled/cu128, ssh: {{target: 127.0.0.9}}}}
 """
 WRAPPED = """\
+import attrs
 from invoke import Collection, task
 
-from fdl_tasks import ns as fdl, prebuild
+from fdl_tasks import ns as fdl, prebuild, settings_of
 
 
 @task
 def ship(c):
-    published = prebuild(c, "x", cluster_file="cluster.yaml", verify=False)
+    settings = attrs.evolve(settings_of(c), cluster_file="cluster.yaml", verify=False)
+    published = prebuild(c, "x", settings=settings)
     print("published:", published)
 
 
@@ -32,15 +38,17 @@ ns = Collection(ship)
 ns.add_collection(fdl, "fdl")
 """
 DIRECT = """\
+import attrs
 from invoke import task
 
-from fdl_tasks import FdlError, preflight
+from fdl_tasks import FdlError, preflight, settings_of
 
 
 @task
 def ready(c, cluster_file="cluster.yaml"):
     try:
-        verdicts = preflight(c, cluster_file=cluster_file)
+        settings = attrs.evolve(settings_of(c), cluster_file=cluster_file)
+        verdicts = preflight(c, settings=settings)
     except FdlError as exc:
         raise SystemExit(f"not ready: {exc}")
     print("verdicts:", verdicts)
@@ -60,12 +68,15 @@ def project(tmp_path: Path, tasks: str) -> Path:
 def test_the_public_names() -> None:
     assert set(fdl_tasks.__all__) == {
         "FdlError",
+        "HostBinary",
         "Published",
+        "Settings",
         "Stopped",
         "Verdict",
         "ns",
         "prebuild",
         "preflight",
+        "settings_of",
     }
     assert all(hasattr(fdl_tasks, name) for name in fdl_tasks.__all__)
 
@@ -88,3 +99,25 @@ def test_a_task_calling_preflight(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "not ready: cluster file other.yaml not found" in (
         missing.stderr
     )
+
+
+def leaves(hint: object) -> set[object]:
+    """The classes a type hint is made of (a ``Literal``'s: its values' classes)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return {type(value) for value in typing.get_args(hint)}
+    parts = [part for part in typing.get_args(hint) if part is not Ellipsis]
+    return set().union(*(leaves(part) for part in parts)) if parts else {hint}
+
+
+def test_the_values_returned_are_the_api_s_own() -> None:
+    """Frozen, and made of plain values and of each other: no internal class to reach."""
+    public = {fdl_tasks.HostBinary, fdl_tasks.Published, fdl_tasks.Verdict}
+    for kind in public:
+        assert kind.__module__ == "fdl_tasks.api"
+        for name, hint in typing.get_type_hints(kind).items():
+            assert leaves(hint) <= {str, bool, Path} | public, f"{kind.__name__}.{name}"
+    binary = fdl_tasks.HostBinary(
+        host="a", binary="b", sha256="", rebuilt=False, verified=False, delivery="shared"
+    )
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        binary.host = "c"  # type: ignore[misc]
