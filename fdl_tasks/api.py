@@ -111,13 +111,13 @@ def crate_of(run: Run, command: str, crate_dir: str | None) -> str:
     return crate
 
 
-def recorded_prebuild(run: Run, command: str, crate: str) -> pipeline.Published | None:
+def recorded_prebuild(run: Run, command: str, crate: str) -> pipeline.Publication | None:
     """The prebuild, its timings page written when ``fdl.timings`` is on."""
     with recorded(run, command) as timed:
         return pipeline.prebuild(timed, command, crate)
 
 
-def verdict_of(verdict: probe.Verdict) -> Verdict:
+def verdict_of(verdict: probe.HostVerdict) -> Verdict:
     return Verdict(
         host=verdict.host,
         status=verdict.status,
@@ -127,10 +127,10 @@ def verdict_of(verdict: probe.Verdict) -> Verdict:
     )
 
 
-def published_of(run: Run, published: pipeline.Published) -> Published:
+def published_of(run: Run, published: pipeline.Publication) -> Published:
     """The pipeline's result as the public value (the internal one stays inside)."""
     results = {host: r for r in published.results for host in r.job.hosts}
-    verified = set(published.delivery.verified) if published.delivery else set()
+    verified = set(published.verification.verified) if published.verification else set()
     workers = {w.host: w for w in run.cluster.workers}
     hosts = tuple(
         HostBinary(

@@ -17,11 +17,13 @@ Invoke's configuration files when Invoke's loader imports the tasks
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
+import attrs
 import yaml
 from invoke.config import AmbiguousMergeError, Config
 from invoke.context import Context
@@ -92,14 +94,81 @@ class FdlTask(Task[Any]):
         return arguments
 
 
+@attrs.frozen
+class ClusterChoice:
+    """The options every task takes: the cluster file (and flodl env) to read, and which of
+    its hosts this machine is. A task body's ``where`` parameter is these three flags."""
+
+    cluster_file: str | None = None
+    env: str | None = None
+    controller_host: str | None = None
+
+    def options(self) -> ChoiceKeywords:
+        """As :meth:`Run.start <fdl_tasks.config.run.Run.start>`'s keywords."""
+        return ChoiceKeywords(
+            cluster_file=self.cluster_file, env=self.env, controller_host=self.controller_host
+        )
+
+
+class ChoiceKeywords(TypedDict):
+    cluster_file: str | None
+    env: str | None
+    controller_host: str | None
+
+
+#: The help of the options several tasks share; a task's own ``help`` adds the rest.
+SHARED_HELP = {
+    "cluster-file": "the cluster file to read (default: fdl.cluster_file, else cluster.yaml "
+    "in the project root, else the flodl project's fdl.yml with its env overlay)",
+    "env": "the flodl env whose overlay fdl.<env>.yml holds the cluster block (default: "
+    "$FDL_ENV, else fdl.env, else cluster)",
+    "controller-host": "this machine's host label (default: $FLODL_HOST_NAME, else hostname)",
+    "json": "print a machine-readable result on stdout",
+    "cmd": "the command to build (cargo --bin name); required",
+    "crate-dir": "crate directory relative to controller.path (default: <cmd>/ if it holds "
+    "a Cargo.toml, else the project root)",
+    "no-cache": "build without the compile cache (sccache): no compiled crate is shared "
+    "between target dirs; each still rebuilds only what changed (cargo's fingerprints)",
+    "verbose": "every note, also those an earlier run said already (default: fdl.verbose)",
+    "timings": "write an HTML timeline of the run (with cargo's --timings report of each "
+    "build) under target/cluster/_timings/ (default: fdl.timings)",
+}
+
+
+CHOICE_FLAGS = {"cluster-file", "env", "controller-host"}
+
+
 def fdl_task(**options: Any) -> Callable[[F], FdlTask]:
-    """``@task`` with :class:`FdlTask`, and :class:`FdlError` / stops turned into exits."""
+    """``@task`` with :class:`FdlTask`, a ``where`` parameter as :class:`ClusterChoice`'s flags,
+    and :class:`FdlError` / stops turned into exits."""
 
     def decorate(body: F) -> FdlTask:
-        made: FdlTask = task(klass=FdlTask, **options)(user_errors(body))
+        taken = {n.replace("_", "-") for n in inspect.signature(body).parameters} | CHOICE_FLAGS
+        shared = {name: text for name, text in SHARED_HELP.items() if name in taken}
+        options["help"] = {**shared, **options.get("help", {})}
+        made: FdlTask = task(klass=FdlTask, **options)(user_errors(with_cluster_choice(body)))
         return made
 
     return decorate
+
+
+def with_cluster_choice(body: F) -> F:
+    """``body`` as Invoke sees a task taking ``--cluster-file``, ``--env`` and
+    ``--controller-host``, called with them packed into its ``where``."""
+    signature = inspect.signature(body)
+    names = [field.name for field in attrs.fields(ClusterChoice)]
+    flags = [
+        inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for n in names
+    ]
+    context, *rest = (p for p in signature.parameters.values() if p.name != "where")
+
+    @functools.wraps(body)
+    def wrapper(c: Context, **kwargs: Any) -> Any:
+        where = ClusterChoice(**{n: kwargs.pop(n, None) for n in names})
+        return body(c, where=where, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=[context, *flags, *rest])  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
 
 
 def off(flag: bool) -> bool | None:

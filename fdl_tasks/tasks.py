@@ -16,7 +16,7 @@ from invoke.context import Context
 import fdl_tasks.publish.pipeline as pipeline
 from fdl_tasks.api import crate_of, recorded_prebuild, start_build
 from fdl_tasks.build.clean import clean_target_tree, stale_warning
-from fdl_tasks.cli import fdl_task, hook_config_errors, off, require_command
+from fdl_tasks.cli import ClusterChoice, fdl_task, hook_config_errors, off, require_command
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.settings import namespace_defaults
 from fdl_tasks.core.errors import FdlError
@@ -28,71 +28,38 @@ from fdl_tasks.timings.recording import recorded
 #: What another project may import from here: the tasks and their collection.
 __all__ = ["build_host", "clean", "launch", "ns", "prebuild", "preflight", "push_libtorch"]
 
-HELP = {
-    "cluster-file": "the cluster file to read (default: fdl.cluster_file, else cluster.yaml "
-    "in the project root, else the flodl project's fdl.yml with its env overlay)",
-    "env": "the flodl env whose overlay fdl.<env>.yml holds the cluster block (default: "
-    "$FDL_ENV, else fdl.env, else cluster)",
-    "controller-host": "this machine's host label (default: $FLODL_HOST_NAME, else hostname)",
-    "json": "print a machine-readable result on stdout",
-    "cmd": "the command to build (cargo --bin name); required",
-    "crate-dir": "crate directory relative to controller.path (default: <cmd>/ if it holds "
-    "a Cargo.toml, else the project root)",
-    "no-cache": "build without the compile cache (sccache): no compiled crate is shared "
-    "between target dirs; each still rebuilds only what changed (cargo's fingerprints)",
-    "verbose": "every note, also those an earlier run said already (default: fdl.verbose)",
-    "timings": "write an HTML timeline of the run (with cargo's --timings report of each "
-    "build) under target/cluster/_timings/ (default: fdl.timings)",
-}
-
 
 @fdl_task(
     help={
-        "cluster-file": HELP["cluster-file"],
-        "env": HELP["env"],
-        "controller-host": HELP["controller-host"],
-        "verbose": HELP["verbose"],
-        "json": HELP["json"],
         "no-prebuild": "check data paths and directories only: no ABI gate, no build checks "
         "(no binary will ship)",
     }
 )
 def preflight(
     c: Context,
-    cluster_file: str | None = None,
-    env: str | None = None,
-    controller_host: str | None = None,
+    where: ClusterChoice,
     no_prebuild: bool = False,
     verbose: bool = False,
     json: bool = False,
 ) -> None:
     """Probe every host (ssh, in parallel) for readiness before any build."""
-    run = Run.start(
-        c,
-        cluster_file=cluster_file,
-        env=env,
-        controller_host=controller_host,
-        verbose=verbose or None,
-        label="preflight",
-    )
+    run = Run.start(c, **where.options(), verbose=verbose or None, label="preflight")
     pipeline.preflight(run, abi=not no_prebuild, as_json=json)
 
 
 @fdl_task(
     help={
-        **HELP,
-        "host": "the worker's host label in the cluster file; required",
         "json": "print the host's envelope entry on stdout",
+        "host": "the worker's host label in the cluster file; required (only this host's "
+        "binary is built and only its envelope entry changes)",
     }
 )
 def build_host(
     c: Context,
+    where: ClusterChoice,
     host: str | None = None,
     cmd: str | None = None,
     crate_dir: str | None = None,
-    cluster_file: str | None = None,
-    env: str | None = None,
-    controller_host: str | None = None,
     no_cache: bool = False,
     timings: bool = False,
     verbose: bool = False,
@@ -102,12 +69,7 @@ def build_host(
     if not host:
         raise FdlError("--host is required: the label of the worker to build for")
     command = require_command(cmd)
-    options: dict[str, Any] = {
-        "cluster_file": cluster_file,
-        "env": env,
-        "controller_host": controller_host,
-        "verbose": verbose or None,
-    }
+    options: dict[str, Any] = {**where.options(), "verbose": verbose or None}
     run = Run.start(
         c, **options, compile_cache=off(no_cache), timings=timings or None, label="build-host"
     )
@@ -128,7 +90,6 @@ def build_host(
 
 @fdl_task(
     help={
-        **HELP,
         "jobs": "how many builds may run at once (default: fdl.build_jobs, else one per "
         "core, two per core when every target dir is already built)",
         "no-prebuild": "run only preflight --no-prebuild; build and publish nothing",
@@ -142,11 +103,9 @@ def build_host(
 )
 def prebuild(
     c: Context,
+    where: ClusterChoice,
     cmd: str | None = None,
     crate_dir: str | None = None,
-    cluster_file: str | None = None,
-    env: str | None = None,
-    controller_host: str | None = None,
     jobs: int = 0,
     no_prebuild: bool = False,
     per_host: bool = False,
@@ -161,12 +120,7 @@ def prebuild(
 ) -> None:
     """Preflight, then build CMD once per remote build environment and publish its envelope."""
     command = require_command(cmd)
-    options: dict[str, Any] = {
-        "cluster_file": cluster_file,
-        "env": env,
-        "controller_host": controller_host,
-        "verbose": verbose or None,
-    }
+    options: dict[str, Any] = {**where.options(), "verbose": verbose or None}
     if no_prebuild:
         pipeline.preflight(Run.start(c, **options), abi=False)
         return
@@ -206,90 +160,49 @@ def _remainder_args() -> list[str]:
 
 @fdl_task(
     help={
-        "cluster-file": HELP["cluster-file"],
-        "env": HELP["env"],
-        "controller-host": HELP["controller-host"],
-        "verbose": HELP["verbose"],
         "cmd": "the command whose prebuilt binary to run; required",
+        "stale-ok": "launch binaries whose sources changed since they were built",
         "launcher": "fdl: flodl's launcher (fdl @<env> CMD --no-prebuild, one DDP world); "
         "direct: each worker's binary on its own, output prefixed [host] (default: "
         "fdl.launcher, auto: fdl on a flodl project)",
-        "stale-ok": "launch binaries whose sources changed since they were built",
     }
 )
 def launch(
     c: Context,
+    where: ClusterChoice,
     cmd: str | None = None,
-    cluster_file: str | None = None,
-    env: str | None = None,
-    controller_host: str | None = None,
-    launcher: str | None = None,
     stale_ok: bool = False,
+    launcher: str | None = None,
     verbose: bool = False,
 ) -> None:
     """Run the prebuilt CMD (arguments after --) through flodl's launcher, or directly."""
     command = require_command(cmd)
-    options: dict[str, Any] = {
-        "cluster_file": cluster_file,
-        "env": env,
-        "launcher": launcher,
-        "verbose": verbose or None,
-    }
-    run = Run.start(c, **options, controller_host=controller_host, label="launch")
+    verbosity = verbose or None
+    run = Run.start(c, **where.options(), launcher=launcher, verbose=verbosity, label="launch")
     launch_on_workers(run, command, _remainder_args(), stale_ok=stale_ok)
 
 
 @fdl_task(
     help={
-        "cluster-file": HELP["cluster-file"],
-        "env": HELP["env"],
-        "controller-host": HELP["controller-host"],
         "dry": "list what would be removed, remove nothing (like inv --dry clean)",
         "all": "remove every build tree under target/cluster/, in use or not, with the "
         "envelopes and timings pages (a running watcher's state and the lock stay)",
     }
 )
-def clean(
-    c: Context,
-    cluster_file: str | None = None,
-    env: str | None = None,
-    controller_host: str | None = None,
-    dry: bool = False,
-    all: bool = False,
-) -> None:
+def clean(c: Context, where: ClusterChoice, dry: bool = False, all: bool = False) -> None:
     """Remove target dirs under target/cluster/ that no current host, variant or image uses."""
-    options: dict[str, Any] = {
-        "cluster_file": cluster_file,
-        "env": env,
-        "controller_host": controller_host,
-    }
-    run = Run.start(c, **options, label="clean", workers_needed=False)
+    run = Run.start(c, **where.options(), label="clean", workers_needed=False)
     clean_target_tree(run, list_only=dry or run.dry, everything=all)
 
 
 @fdl_task(
     help={
-        "cluster-file": HELP["cluster-file"],
-        "env": HELP["env"],
-        "controller-host": HELP["controller-host"],
         "host": "one copy host's label (default: every worker with delivery: copy)",
     }
 )
-def push_libtorch(
-    c: Context,
-    host: str | None = None,
-    cluster_file: str | None = None,
-    env: str | None = None,
-    controller_host: str | None = None,
-) -> None:
+def push_libtorch(c: Context, where: ClusterChoice, host: str | None = None) -> None:
     """Put each copy host's libtorch variant at <path>/libtorch/<arch>: changed files only."""
-    run = Run.start(
-        c,
-        cluster_file=cluster_file,
-        env=env,
-        controller_host=controller_host,
-        label="push-libtorch",
-    )
+    run = Run.start(c, **where.options(), label="push-libtorch")
     workers = [w for w in run.remotes if w.delivery == "copy"]
     if host:
         chosen = run.cluster.worker(host)

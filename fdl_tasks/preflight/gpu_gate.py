@@ -19,10 +19,10 @@ from fdl_tasks.gpu.auto_arch import AUTO, choose
 from fdl_tasks.gpu.coverage import judge_coverage
 from fdl_tasks.gpu.gpus import unknown_name_warning, vendor_of
 from fdl_tasks.gpu.launch_facts import all_devices_error
-from fdl_tasks.preflight.probe import Status, Verdict
+from fdl_tasks.preflight.probe import HostVerdict, Status
 
 
-def _choose_arch(verdict: Verdict, worker: Worker, root: Path) -> Verdict | Worker:
+def _choose_arch(verdict: HostVerdict, worker: Worker, root: Path) -> HostVerdict | Worker:
     """``arch: auto``: the worker with its chosen arch, or the host's refusal."""
     facts = verdict.facts
     assert facts is not None and facts.gpus is not None
@@ -53,7 +53,7 @@ def _cpu_by_default(chosen: str, tools: Sequence[str]) -> str:
     )
 
 
-def gate(verdict: Verdict, worker: Worker, root: Path) -> Verdict:
+def gate(verdict: HostVerdict, worker: Worker, root: Path) -> HostVerdict:
     """The verdict with the host's GPU errors (``local_devices: all`` counting none among
     them), warnings and notes added.
 
@@ -65,7 +65,7 @@ def gate(verdict: Verdict, worker: Worker, root: Path) -> Verdict:
     chosen = None
     if worker.arch == AUTO:
         picked = _choose_arch(verdict, worker, root)
-        if isinstance(picked, Verdict):
+        if isinstance(picked, HostVerdict):
             return picked
         worker, chosen = picked, picked.arch
         verdict = attrs.evolve(verdict, notes=(*verdict.notes, f"arch: auto chose {chosen}"))
@@ -94,7 +94,7 @@ def gate(verdict: Verdict, worker: Worker, root: Path) -> Verdict:
     )
 
 
-def with_chosen_archs(cluster: Cluster, verdicts: Sequence[Verdict]) -> Cluster:
+def with_chosen_archs(cluster: Cluster, verdicts: Sequence[HostVerdict]) -> Cluster:
     """The cluster with each ``arch: auto`` worker's chosen arch, exactly as if written
     by hand; a remote auto host that preflight could not probe is an error."""
     chosen = {v.host: v.arch for v in verdicts if v.arch}

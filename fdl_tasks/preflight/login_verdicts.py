@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from fdl_tasks.core.errors import FdlError, LoginRefused, NothingVerified
-from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.preflight.probe import HostVerdict
 from fdl_tasks.ssh.outcomes import CONFIG_KINDS, Failure, FailureKind
 
 
@@ -25,19 +25,21 @@ def is_error(kind: FailureKind, login_errors: str) -> bool:
     return kind is FailureKind.HOST_KEY or (kind in CONFIG_KINDS and login_errors == "error")
 
 
-def failed_verdict(host: str, data_path: str, failure: Failure, login_errors: str) -> Verdict:
+def failed_verdict(host: str, data_path: str, failure: Failure, login_errors: str) -> HostVerdict:
     """The verdict of a host that could not be asked at all."""
     kind = failure.kind
     if is_error(kind, login_errors):
-        return Verdict(host, "error", (failure.reason,), (), None, data_path, failure=kind.value)
+        return HostVerdict(
+            host, "error", (failure.reason,), (), None, data_path, failure=kind.value
+        )
     if kind in CONFIG_KINDS:
         warning = f"{failure.reason} (a warning: fdl.ssh_login_errors is warn)"
     else:
         warning = f"unreachable: {failure.reason}"
-    return Verdict(host, "warning", (), (warning,), None, data_path, failure=kind.value)
+    return HostVerdict(host, "warning", (), (warning,), None, data_path, failure=kind.value)
 
 
-def preflight_error(failed: Sequence[Verdict]) -> type[FdlError]:
+def preflight_error(failed: Sequence[HostVerdict]) -> type[FdlError]:
     """The error for hosts with errors: :class:`LoginRefused` if one is a refused login."""
     config = {k.value for k in CONFIG_KINDS}
     return LoginRefused if any(v.failure in config for v in failed) else FdlError
@@ -52,7 +54,7 @@ def login_error(refused: Mapping[str, Failure], what: str) -> FdlError:
     )
 
 
-def nothing_reached(verdicts: Sequence[Verdict], remotes: Collection[str]) -> bool:
+def nothing_reached(verdicts: Sequence[HostVerdict], remotes: Collection[str]) -> bool:
     """Every remote host failed to answer preflight (there is at least one)."""
     failed = {v.host for v in verdicts if v.failure is not None}
     return bool(remotes) and set(remotes) <= failed

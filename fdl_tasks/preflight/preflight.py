@@ -27,9 +27,9 @@ from fdl_tasks.preflight.login_verdicts import failed_verdict
 from fdl_tasks.preflight.nccl import nccl_skew
 from fdl_tasks.preflight.probe import (
     ControllerAbi,
+    HostVerdict,
     ProbeRequest,
     Status,
-    Verdict,
     judge,
     parse_facts,
     unreachable,
@@ -63,7 +63,7 @@ def controller_request(cluster: Cluster, label: str) -> ProbeRequest:
     return attrs.evolve(ProbeRequest.for_host(controller_entry(cluster, label), False), paths=None)
 
 
-def probe_controller(cluster: Cluster, label: str, settings: Settings) -> Verdict:
+def probe_controller(cluster: Cluster, label: str, settings: Settings) -> HostVerdict:
     """The controller is the build host: only its data path needs asking, locally (its
     other checks are :func:`fdl_tasks.build.readiness_io.controller_problems`)."""
     request = controller_request(cluster, label)
@@ -90,7 +90,7 @@ def probe_remotes(
     root: Path | None = None,
     crate: str | None = None,
     source: str = "cluster.yaml",
-) -> list[Verdict]:
+) -> list[HostVerdict]:
     """One round trip per remote host, all in parallel; unreachable is a warning, a
     misconfigured login an error (:mod:`fdl_tasks.preflight.login_verdicts`).
 
@@ -137,7 +137,7 @@ def dry_run_lines(run: Run, *, abi: bool, crate: str | None = None) -> list[str]
     return lines
 
 
-def cross_cpu_archs(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str]:
+def cross_cpu_archs(run: Run, verdicts: Sequence[HostVerdict] = ()) -> dict[str, str]:
     """Hosts whose CPU architecture (``cpu_arch``, else preflight's ``uname -m``) is not
     the controller's: they get cross builds."""
     native = controller_abi().cpu_arch
@@ -148,7 +148,7 @@ def cross_cpu_archs(run: Run, verdicts: Sequence[Verdict] = ()) -> dict[str, str
 
 def run_preflight(
     run: Run, fleet: Fleet, backend: Backend, *, abi: bool, crate: str | None = None
-) -> list[Verdict]:
+) -> list[HostVerdict]:
     """Every host's verdict: the controller first, then remotes in cluster.yaml order.
 
     The controller's checks (``controller.path``; with ``abi``, what the builds need:
@@ -208,7 +208,9 @@ def compose_forwarding(run: Run) -> list[str]:
     )
 
 
-def with_problems(verdict: Verdict, errors: Sequence[str], warnings: Sequence[str]) -> Verdict:
+def with_problems(
+    verdict: HostVerdict, errors: Sequence[str], warnings: Sequence[str]
+) -> HostVerdict:
     """The verdict with these errors and warnings added, its status following them."""
     if not errors and not warnings:
         return verdict

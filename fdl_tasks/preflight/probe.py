@@ -139,7 +139,7 @@ class ControllerAbi:
 
 
 @attrs.frozen
-class Verdict:
+class HostVerdict:
     """One host's preflight result."""
 
     host: str
@@ -193,7 +193,7 @@ def judge(
     *,
     local: bool = False,
     pinned: str | None = None,
-) -> Verdict:
+) -> HostVerdict:
     """Apply SPEC's preflight policy to what one host answered."""
     errors: list[str] = []
     warnings: list[str] = []
@@ -214,7 +214,9 @@ def judge(
     if request.variant is not None and facts is not None and facts.unmet:
         errors.append(request.variant.error(facts.unmet))
     status: Status = "error" if errors else "warning" if warnings else "ok"
-    return Verdict(host, status, tuple(errors), tuple(warnings), facts, path, local, tuple(notes))
+    return HostVerdict(
+        host, status, tuple(errors), tuple(warnings), facts, path, local, tuple(notes)
+    )
 
 
 def default_data_note(path: str) -> str:
@@ -256,6 +258,6 @@ def _abi_gate(
         warnings.append("pkill not found: orphan clean-up after a failed run is degraded")
 
 
-def unreachable(host: str, request: ProbeRequest, reason: str) -> Verdict:
+def unreachable(host: str, request: ProbeRequest, reason: str) -> HostVerdict:
     """A probe never makes things worse than no probe: unreachable is a warning."""
-    return Verdict(host, "warning", (), (f"unreachable: {reason}",), None, request.data_path)
+    return HostVerdict(host, "warning", (), (f"unreachable: {reason}",), None, request.data_path)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from fdl_tasks.core.reporting import Severity
-from fdl_tasks.preflight.probe import Status, Verdict, default_data_note
+from fdl_tasks.preflight.probe import HostVerdict, Status, default_data_note
 
 
 def report_lines(
-    verdicts: Iterable[Verdict], notes: Sequence[str] | None = None
+    verdicts: Iterable[HostVerdict], notes: Sequence[str] | None = None
 ) -> list[tuple[str, Severity]]:
     """One line per problem, per host (a warning's at once, even in a quiet watch cycle);
     ``notes`` (default: every one of :func:`note_lines`); then a summary line. Every host
@@ -38,7 +38,7 @@ def report_lines(
     return lines
 
 
-def note_lines(verdicts: Iterable[Verdict]) -> list[str]:
+def note_lines(verdicts: Iterable[HostVerdict]) -> list[str]:
     """One note per fact, naming every host it is true of."""
     shared: dict[str, list[str]] = {}
     defaults: dict[str, str] = {}  # the missing-default-data-path notes, with their path

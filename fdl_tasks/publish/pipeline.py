@@ -37,13 +37,13 @@ from fdl_tasks.gpu.auto_arch import AUTO
 from fdl_tasks.preflight.gpu_gate import with_chosen_archs
 from fdl_tasks.preflight.login_verdicts import preflight_error
 from fdl_tasks.preflight.preflight import cross_cpu_archs, dry_run_lines, run_preflight
-from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.preflight.probe import HostVerdict
 from fdl_tasks.preflight.probe_report import note_lines, report_lines
 from fdl_tasks.publish.delivery_io import copy_step
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.freshness import write_sources
 from fdl_tasks.publish.verification_io import (
-    Delivery,
+    Verification,
     require_one_reached,
     require_verification_possible,
     verify_hosts,
@@ -53,7 +53,7 @@ from fdl_tasks.timings.recording import step
 
 
 @attrs.frozen(kw_only=True)
-class Published:
+class Publication:
     """What a successful prebuild published, and what it verified."""
 
     command: str
@@ -61,13 +61,13 @@ class Published:
     text: str
     path: Path
     results: tuple[JobResult, ...]
-    delivery: Delivery | None
+    verification: Verification | None
     #: The preflight verdicts the builds were planned from (this run's, or those handed in).
-    verdicts: tuple[Verdict, ...] = ()
+    verdicts: tuple[HostVerdict, ...] = ()
 
 
 def report_preflight(
-    run: Run, verdicts: Sequence[Verdict], as_json: bool, *, building: bool = False
+    run: Run, verdicts: Sequence[HostVerdict], as_json: bool, *, building: bool = False
 ) -> None:
     """Problems, the notes not said already (:meth:`Run.notes_to_say`) and a summary; an
     error on any host stops everything (before any build, said when ``building``)."""
@@ -84,7 +84,7 @@ def report_preflight(
         )
 
 
-def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[Verdict]:
+def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[HostVerdict]:
     """The readiness probe alone (``inv preflight``, ``prebuild --no-prebuild``): every
     host's verdict (none under --dry)."""
     run.note_unlisted_controller()
@@ -138,8 +138,8 @@ def plan(
 
 
 def prebuild(
-    run: Run, command: str, crate: str, *, probe: bool = True, known: Sequence[Verdict] = ()
-) -> Published | None:
+    run: Run, command: str, crate: str, *, probe: bool = True, known: Sequence[HostVerdict] = ()
+) -> Publication | None:
     """The whole pipeline; what it published (``None`` under --dry).
 
     Preflight checks the controller (the variants, the build tool, its images)
@@ -151,7 +151,7 @@ def prebuild(
     (:func:`~fdl_tasks.build.readiness_io.require_ready`).
     """
     require_verification_possible(run)
-    verdicts: Sequence[Verdict] = known
+    verdicts: Sequence[HostVerdict] = known
     auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
     probe = (probe or auto) and not run.dry
     backend = run_backend(run)
@@ -174,7 +174,7 @@ def prebuild(
 
 def probe_and_plan(
     run: Run, fleet: Fleet, backend: Backend, command: str, crate: str
-) -> tuple[Run, list[BuildJob], list[Verdict]]:
+) -> tuple[Run, list[BuildJob], list[HostVerdict]]:
     """Preflight of the run's remote hosts, then the builds planned from what it found:
     the CPU architectures it read, each ``arch: auto`` host's choice (the run returned
     carries it, exactly as if written in the cluster file), checked on the controller
@@ -193,7 +193,7 @@ def probe_and_plan(
 
 def build_and_publish(
     run: Run, fleet: Fleet, backend: Backend, jobs: list[BuildJob], command: str, crate: str
-) -> Published:
+) -> Publication:
     """The one publish path (prebuild, build-host, each watch cycle), under the project lock:
     read the merge base, withdraw the command's envelope, build, verify, merge, publish.
 
@@ -223,7 +223,7 @@ def build_and_publish(
         results = run_builds(run, backend, jobs)
         built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
         copy_step(run, fleet, envelopes, built)  # copy hosts: upload what is missing
-        delivery = verify_hosts(run, fleet, envelopes, built) if run.settings.verify else None
+        verification = verify_hosts(run, fleet, envelopes, built) if run.settings.verify else None
         merged = kept | envelopes
         with step(run, "publish", command):
             text = envelope.publish(run.root, command, merged)
@@ -234,13 +234,13 @@ def build_and_publish(
             f"envelope of {command} published unverified (--no-verify or fdl.verify false): "
             "no host was asked whether it sees its binary and can load it"
         )
-    return Published(
+    return Publication(
         command=command,
         entries=merged,
         text=text,
         path=path,
         results=tuple(results),
-        delivery=delivery,
+        verification=verification,
     )
 
 
@@ -261,7 +261,7 @@ def merge_base(run: Run, command: str, keep: set[str]) -> dict[str, PerHostEnvel
     return {host: entry for host, entry in (published or {}).items() if host in keep}
 
 
-def build_one(run: Run, worker: Worker, command: str, crate: str) -> Published | None:
+def build_one(run: Run, worker: Worker, command: str, crate: str) -> Publication | None:
     """``build-host``: one host's build, verified; its entry replaces its old one in the
     command's envelope (the other current hosts' entries still match their binaries).
 

@@ -21,7 +21,7 @@ from fdl_tasks.preflight.login_verdicts import (
     login_error,
     nothing_reached,
 )
-from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.preflight.probe import HostVerdict
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.verification import (
     RemoteCopy,
@@ -121,7 +121,6 @@ def verify_copies(
 
 
 #: The old name, kept only while :mod:`fdl_tasks.publish.pipeline` imports it.
-Delivery = Verification
 
 
 def verify_hosts(
@@ -154,7 +153,7 @@ def require_verification_possible(run: Run) -> None:
         )
 
 
-def require_one_reached(run: Run, verdicts: Sequence[Verdict]) -> None:
+def require_one_reached(run: Run, verdicts: Sequence[HostVerdict]) -> None:
     """No remote host answered preflight: verification could reach none, so build nothing
     (unless ``fdl.require_verified`` is none, or verification is off)."""
     remotes = [w.host for w in run.remotes]

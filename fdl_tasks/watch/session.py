@@ -20,7 +20,7 @@ from fdl_tasks.config.run import Run
 from fdl_tasks.core.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
 from fdl_tasks.core.reporting import Severity
-from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.preflight.probe import HostVerdict
 from fdl_tasks.publish import pipeline
 from fdl_tasks.publish.envelope import hand_over, published_path
 from fdl_tasks.timings.recording import recorded
@@ -59,7 +59,7 @@ class Session:
         self.probe = True
         #: The last preflight's verdicts: a cycle that does not probe plans from their facts
         #: (a host's CPU architecture found by ``uname -m``, above all).
-        self.verdicts: tuple[Verdict, ...] = ()
+        self.verdicts: tuple[HostVerdict, ...] = ()
         self.target_dirs: list[tuple[str, str | None]] = []
         #: Package name → directories; ``None`` after a manifest changed.
         self.packages: dict[str, list[str]] | None = None
@@ -159,7 +159,7 @@ class Session:
         self.target_dirs = target_dirs(r.job for r in results)
         rebuilt = build_labels([r.job.build for r in results if r.rebuilt])
         fresh = sum(1 for r in results if not r.rebuilt)
-        verified = verified_text(published.delivery)
+        verified = verified_text(published.verification)
         seconds = time.monotonic() - started
         self.run.report(cycle_line(self.cycle, seconds, what, rebuilt, fresh, verified, probed))
         if self.as_json:

@@ -17,7 +17,7 @@ from fdl_tasks.gpu.coverage import (
 )
 from fdl_tasks.gpu.gpus import Gpu, GpuReport
 from fdl_tasks.preflight.gpu_gate import gate
-from fdl_tasks.preflight.probe import ProbeFacts, Verdict
+from fdl_tasks.preflight.probe import HostVerdict, ProbeFacts
 
 BLACKWELL = Gpu("nvidia", 0, "NVIDIA GeForce RTX 5090", "12.0", "580.65.06")
 PASCAL = Gpu("nvidia", 0, "NVIDIA GeForce GTX 1080", "6.1", "550.127.05")
@@ -121,9 +121,9 @@ def test_cpu_variant_on_a_gpu_host_and_a_mixed_host_warn() -> None:
     assert any("mixed-vendor host" in w for w in cpu.warnings)
 
 
-def _verdict(gpus: GpuReport | None) -> Verdict:
+def _verdict(gpus: GpuReport | None) -> HostVerdict:
     facts = ProbeFacts(data="ok", cpu_arch="x86_64", libc="ldd (GNU libc) 2.36", gpus=gpus)
-    return Verdict("h", "ok", facts=facts, data_path="/data")
+    return HostVerdict("h", "ok", facts=facts, data_path="/data")
 
 
 def test_gate_keeps_a_toolless_hosts_status_and_adds_one_note(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from fdl_tasks.preflight.login_verdicts import (
     nothing_reached,
     preflight_error,
 )
-from fdl_tasks.preflight.probe import Verdict
+from fdl_tasks.preflight.probe import HostVerdict
 from fdl_tasks.ssh.hostkey_policy import HostKeyRefused, added_lines
 from fdl_tasks.ssh.login_facts import greet, load_identity, login_of
 from fdl_tasks.ssh.outcomes import Failure, FailureKind
@@ -195,7 +195,7 @@ def test_what_a_failure_comes_to() -> None:
         FailureKind.KEY_FILE, "error"
     )
     assert preflight_error([error, down]) is LoginRefused
-    data = Verdict("c", "error", ("declared data_path /d is missing",))
+    data = HostVerdict("c", "error", ("declared data_path /d is missing",))
     assert preflight_error([data]) is FdlError
     refused_key = failed_verdict(
         "d", "/data", Failure("host key of ...", FailureKind.HOST_KEY), "warn"
@@ -216,7 +216,7 @@ def test_what_verification_must_reach() -> None:
     check_verified(0, {}, "one")  # no host to ask: nothing to fail
     with pytest.raises(NothingVerified, match="so nothing was built"):
         check_verified(0, down, "one", published=False)
-    failed = [Verdict("a", "warning", failure="unreachable"), Verdict("b", "ok")]
+    failed = [HostVerdict("a", "warning", failure="unreachable"), HostVerdict("b", "ok")]
     assert not nothing_reached(failed, ["a", "b"])
     assert nothing_reached(failed, ["a"]) and not nothing_reached([], [])
 

@@ -14,7 +14,7 @@ from fdl_tasks.config.model import Worker
 from fdl_tasks.config.settings import Settings
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.preflight.nccl import NcclSources, NcclVersion, nccl_skew, parse_nccl
-from fdl_tasks.preflight.probe import ProbeFacts, ProbeRequest, Verdict, parse_facts
+from fdl_tasks.preflight.probe import HostVerdict, ProbeFacts, ProbeRequest, parse_facts
 
 WORKER = Worker("gpu1", "/mnt/p", "precompiled/cu128")
 #: nccl.h as NVIDIA ships it (the lines around the version defines included).
@@ -147,9 +147,9 @@ def test_no_line_while_the_known_hosts_agree(versions: dict[str, NcclVersion | N
 
 def test_json_carries_each_hosts_nccl() -> None:
     facts = ProbeFacts("ok", nccl=v("2.21.5"))
-    assert Verdict("a", "ok", facts=facts).to_json()["nccl"] == "2.21.5"
-    assert Verdict("b", "ok", facts=ProbeFacts("ok")).to_json()["nccl"] is None
-    assert Verdict("c", "warning").to_json()["nccl"] is None
+    assert HostVerdict("a", "ok", facts=facts).to_json()["nccl"] == "2.21.5"
+    assert HostVerdict("b", "ok", facts=ProbeFacts("ok")).to_json()["nccl"] is None
+    assert HostVerdict("c", "warning").to_json()["nccl"] is None
 
 
 def test_the_mismatch_setting_is_warn_or_error() -> None:

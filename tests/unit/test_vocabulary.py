@@ -28,13 +28,6 @@ from tests.unit.docs_text import ROOT, table_rows
 
 PAGE = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "fdl_tasks"
-#: Old names kept as aliases, by name: the module keeping it, while another module still
-#: imports it from there (the rename in that module is pending). Remove an entry once
-#: nothing imports the old name: :func:`test_pending_aliases_are_still_needed` says when.
-PENDING_ALIASES: dict[str, str] = {
-    "Delivery": "fdl_tasks/publish/verification_io.py",  # publish/pipeline.py imports it
-}
-
 #: Type names two modules define, each with why; any other is a second meaning of a word.
 SHARED_TYPE_NAMES: dict[str, str] = {
     "Answers": "gpu_probe's Protocol is ssh.answers' class as the gpu layer, below it, sees it",
@@ -73,16 +66,6 @@ class Package:
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.add(node.target.id)
         return names
-
-    def aliases(self, name: str) -> set[str]:
-        """The names a module binds to another name only (``Old = New``)."""
-        return {
-            target.id
-            for node in self.trees[name].body
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)
-            for target in node.targets
-            if isinstance(target, ast.Name)
-        }
 
     def types(self, name: str) -> set[str]:
         """The classes and type aliases a module defines (a capitalised name, no CONSTANT)."""
@@ -146,9 +129,6 @@ def problems(rows: list[list[str]], package: Package) -> Iterator[str]:
             seen[word.lower()] = number
             name = class_name(word)
             defining = {m for m in package.trees if name in package.types(m)}
-            pending = PENDING_ALIASES.get(name, "")
-            if pending in defining and name in package.aliases(pending):
-                defining.discard(pending)  # an alias, not a class: its importer's rename is due
             if len(defining) > 1:
                 yield f"{row}: {word!r} names {len(defining)} classes {name}: " + ", ".join(
                     sorted(defining)
@@ -198,23 +178,6 @@ def test_the_vocabulary_is_the_package() -> None:
     assert list(problems(vocabulary(), real_package())) == []
 
 
-def test_pending_aliases_are_still_needed() -> None:
-    """An old name kept for a module not yet renamed goes once nothing imports it."""
-    package = real_package()
-    for alias, home in PENDING_ALIASES.items():
-        assert alias in package.aliases(home), f"{home} no longer defines {alias} as an alias"
-        dotted = home.removesuffix(".py").replace("/", ".")
-        importers = [
-            module
-            for module, tree in package.trees.items()
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom)
-            and node.module == dotted
-            and any(a.name == alias for a in node.names)
-        ]
-        assert importers, f"nothing imports {alias} from {home}: drop the alias and its entry"
-
-
 def test_no_type_name_is_defined_twice() -> None:
     """A class (or type alias) name in two modules is one word for two things, table
     word or not (``Kind`` was a failure's and a change's): only the listed ones share."""
@@ -250,10 +213,10 @@ class BuildEnvironment:
                 "'build environment' is class BuildEnvironment of fdl_tasks/preflight/probe.py",
             ],
         ),
-        # Verification's result as it was: a class Delivery where the alias now is.
+        # Verification's result as it was: a class Delivery beside it.
         (
             "fdl_tasks/publish/verification_io.py",
-            "Delivery = Verification",
+            "",
             "class Delivery:\n    pass",
             ["'delivery' is class Delivery of fdl_tasks/publish/verification_io.py"],
         ),
