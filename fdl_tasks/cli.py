@@ -82,8 +82,7 @@ class FdlTask(Task[Any]):
 
     def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
         opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
-        short = SHORT_FLAGS.get(opts["names"][0])
-        if short:
+        if short := SHORT_FLAGS.get(opts["names"][0]):
             opts["names"].append(short)
         return opts
 

@@ -82,8 +82,7 @@ def plan_environments(
         if cpu_arch not in cross:
             raise FdlError(f"host {host!r} is {cpu_arch}, but controller.cross has no entry for it")
     workers = tuple(workers)
-    problems = misfits(backend.controller)  # as the loader does, for a cluster made in code
-    if problems:
+    if problems := misfits(backend.controller):
         raise FdlError(problems[0])
     check_vendor_builds(workers, backend)
     environments = {}

@@ -112,8 +112,7 @@ def read_token(dist: DistSettings, report: Report) -> tuple[str, str]:
     """
     if dist.token_env:
         source = f"controller.dist.token_env ${dist.token_env}"
-        value = os.environ.get(dist.token_env)
-        if value is None:
+        if (value := os.environ.get(dist.token_env)) is None:
             raise FdlError(
                 f"{source}: the variable is not set in the environment of this run; "
                 f"export {dist.token_env} (the scheduler's client token) or use token_file."

@@ -67,8 +67,7 @@ def default_packages(reader: ManifestReader, manifest: Path) -> tuple[Package, .
     if workspace is None:
         return (load_package(reader, manifest),)
     root = manifest.parent
-    defaults = _strings(workspace, "default-members", manifest)
-    if defaults is not None:
+    if (defaults := _strings(workspace, "default-members", manifest)) is not None:
         manifests = _unique(
             directory / MANIFEST
             for pattern in defaults

@@ -226,8 +226,7 @@ def with_problems(
 def resolve(name: str) -> tuple[str, ...] | None:
     """The addresses ``name`` resolves to here (a literal IP is itself); ``None`` when it
     does not resolve."""
-    literal = literal_address(name)
-    if literal is not None:
+    if (literal := literal_address(name)) is not None:
         return (literal,)
     try:
         found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)

@@ -197,8 +197,7 @@ class KnownHostsTable(paramiko.HostKeys):
 
     def _remember_new(self, hostname: str, key: paramiko.PKey) -> paramiko.PKey | None:
         """Remember a new name's key; ``None`` once it is, else the other key remembered."""
-        remembered = self.entries(hostname)
-        if remembered:
+        if remembered := self.entries(hostname):
             return other_key(remembered, key)
         self._remember(hostname, key)
         return None

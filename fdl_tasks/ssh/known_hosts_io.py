@@ -97,8 +97,7 @@ class KnownHosts(KnownHostsTable):
                 regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
                 if regular:
                     self._catch_up(stream)
-                remembered = self.entries(hostname)
-                if remembered:
+                if remembered := self.entries(hostname):
                     return other_key(remembered, key)
                 name = hostname.lower()
                 written = paramiko.HostKeys.hash_host(name) if hashed else name
@@ -192,8 +191,7 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
         host, port = split_name(hostname)
-        revoked = self.view.revoked_in(hostname, key)
-        if revoked is not None:
+        if (revoked := self.view.revoked_in(hostname, key)) is not None:
             raise revoked_refusal(f"{host}:{port}", key, revoked.path)
         if self.strict == "yes":
             raise unknown_refusal(hostname, key, self.said, self.view.writable.path)
@@ -213,8 +211,7 @@ def explain_refusal(
     """
     host, port = split_name(hostname)
     where = f"{what}{host}:{port}"
-    revoked = view.revoked_in(hostname, exc.key)
-    if revoked is not None:
+    if (revoked := view.revoked_in(hostname, exc.key)) is not None:
         return revoked_refusal(where, exc.key, revoked.path)
     known = view.source_of(hostname, exc.expected_key)
     path = known.path if known is not None else None

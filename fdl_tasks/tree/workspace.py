@@ -109,8 +109,7 @@ def survey(
     declared = [p for p in declared if under(p, root) or os.path.exists(p)]
     dirs = [d for found in packages.values() for d in found]
     own = [str(watch_dir)]
-    cache = run.settings.compile_cache_dir
-    if cache:
+    if cache := run.settings.compile_cache_dir:
         own.append(os.path.abspath(os.path.expanduser(cache)))
     variants = [libtorch_dir(root, arch) for arch in archs]
     files = [os.path.abspath(f) for f in run.cluster.files]

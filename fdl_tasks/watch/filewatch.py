@@ -131,8 +131,7 @@ def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKi
             if gone_directory(scope, path) is None:
                 continue  # a target dir, a cache: nothing in it can count
             for found in walk_files(path, scope.root, _NEW_DIR_FILES):
-                kind = scope.classify(found)
-                if kind is not None:
+                if (kind := scope.classify(found)) is not None:
                     relevant[found] = kind
             continue
         kind = scope.classify(path)

@@ -108,8 +108,7 @@ class Watcher:
         if self.baseline is None or self.watch is None:
             return
         now = self.look(self.watch.plan, self.baseline)
-        changes = diff(self.baseline, now, self.stamp_ns)
-        if changes:
+        if changes := diff(self.baseline, now, self.stamp_ns):
             self.receive(changes)
 
     def receive(self, changes: Changes) -> None:

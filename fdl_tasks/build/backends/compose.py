@@ -53,8 +53,7 @@ def compose_environment(root: str, arch: Arch, ids: tuple[int, int]) -> dict[str
         "LIBTORCH_HOST_PATH": libtorch_dir(root, arch),
         "LIBTORCH_CPU_PATH": COMPOSE_CPU_LIBTORCH,
     }
-    cuda = arch_cuda(arch)
-    if cuda:
+    if cuda := arch_cuda(arch):
         environment |= {"CUDA_VERSION": cuda.version, "CUDA_TAG": cuda.tag}
     return environment | {"UID": str(ids[0]), "GID": str(ids[1])}
 
