@@ -150,8 +150,7 @@ def prebuild(
     """
     require_verification_possible(run)
     verdicts: Sequence[HostVerdict] = known
-    auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
-    probe = (probe or auto) and not run.dry
+    probe = (probe or any(w.arch == AUTO for w in run.remotes)) and not run.dry
     backend = run_backend(run)
     run.note_unlisted_controller()
     if run.dry:

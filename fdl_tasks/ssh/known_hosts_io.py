@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import attrs
 import paramiko
 
 from fdl_tasks.core.locks import FileLock
@@ -163,6 +164,7 @@ class KnownHostsView(paramiko.HostKeys):
         return keys or None
 
 
+@attrs.define(eq=False)
 class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
     """What happens to a key no known_hosts file has, as ``StrictHostKeyChecking`` says.
 
@@ -172,20 +174,15 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
     ``said`` is the value as the configuration spells it, for the message.
     """
 
-    def __init__(
-        self,
-        view: KnownHostsView,
-        strict: str = DEFAULT_STRICT,
-        hashed: bool = False,
-        said: str = "",
-        added: list[tuple[str, str, Path | None]] | None = None,
-    ) -> None:
-        self.view = view
-        self.strict = strict
-        self.hashed = hashed
-        self.said = said or strict
-        #: Each key accepted and remembered: name, key type, file (``None``: memory).
-        self.added = [] if added is None else added
+    view: KnownHostsView
+    strict: str = DEFAULT_STRICT
+    hashed: bool = False
+    said: str = ""
+    #: Each key accepted and remembered: name, key type, file (``None``: memory).
+    added: list[tuple[str, str, Path | None]] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        self.said = self.said or self.strict
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
