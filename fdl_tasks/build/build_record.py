@@ -278,8 +278,7 @@ def tree_digest(record: BuildRecord) -> str:
 def first_changed(record: BuildRecord, now: Snapshot) -> str | None:
     """The first file (by path) some unit of ``record`` read whose content differs in
     ``now``; ``None`` when the binary was built from what is on disk."""
-    changed = verdict(record, None, now, None).changed
-    return changed[0] if changed else None
+    return next(iter(verdict(record, None, now, None).changed), None)
 
 
 def forced_line(verdict: Freshness, root: Path) -> str:

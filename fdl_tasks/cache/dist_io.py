@@ -158,8 +158,7 @@ def probe_scheduler(
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code} from {scheduler_endpoint(url, 'status')}"
     except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return str(reason)
+        return str(getattr(exc, "reason", None) or exc)
     request = urllib.request.Request(
         scheduler_endpoint(url, "alloc_job"),
         data=b"",
@@ -167,8 +166,7 @@ def probe_scheduler(
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout):
-            pass
+        urllib.request.urlopen(request, timeout=timeout).close()
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             said = exc.read(200).decode("utf-8", "replace").strip()
@@ -178,8 +176,7 @@ def probe_scheduler(
                 "the token of the scheduler's [client_auth] section."
             ) from None
     except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return str(reason)
+        return str(getattr(exc, "reason", None) or exc)
     return status
 
 
