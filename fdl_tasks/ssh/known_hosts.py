@@ -178,8 +178,7 @@ class KnownHostsTable(paramiko.HostKeys):
 
     def revokes(self, hostname: str, key: paramiko.PKey) -> bool:
         """Whether an ``@revoked`` line covering that name lists that key."""
-        name = hostname.lower()
-        return any(e.key == key and _name_matches(name, e.names) for e in self._revoked)
+        return any(e.key == key and _name_matches(hostname.lower(), e.names) for e in self._revoked)
 
     def lookup(self, hostname: str) -> Any:
         """paramiko's question: that name's keys by type (the first line wins), or ``None``."""

@@ -157,10 +157,9 @@ class KnownHostsView(paramiko.HostKeys):
         keys = KeyMap()
         for known in self.files:
             for entry in known.entries(hostname):
-                if entry.key.get_name() in keys:
-                    continue
-                if self.revoked_in(hostname, entry.key) is None:  # a file with no entry is falsy
-                    keys[entry.key.get_name()] = entry.key
+                name = entry.key.get_name()
+                if name not in keys and self.revoked_in(hostname, entry.key) is None:
+                    keys[name] = entry.key  # (a file with no entry is falsy: hence "is None")
         return keys or None
 
 
