@@ -77,9 +77,8 @@ def plan_environments(
     controller's; each needs its ``controller.cross`` setup.
     """
     cpu_archs = cpu_archs or {}
-    cross = backend.controller.cross
     for host, cpu_arch in cpu_archs.items():
-        if cpu_arch not in cross:
+        if cpu_arch not in backend.controller.cross:
             raise FdlError(f"host {host!r} is {cpu_arch}, but controller.cross has no entry for it")
     workers = tuple(workers)
     if problems := misfits(backend.controller):

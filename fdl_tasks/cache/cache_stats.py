@@ -8,7 +8,8 @@ from pathlib import Path
 
 import attrs
 
-from fdl_tasks.cache.dist import describe_units, fallback_units, parse_dist_status
+from fdl_tasks.cache.dist import fallback_units, parse_dist_status
+from fdl_tasks.core.console import listed
 
 #: Each build writes its hit counts here, in its target dir.
 STATS_FILE = "sccache-stats.json"
@@ -54,7 +55,7 @@ class CacheStats:
             elif self.dist_errors:
                 text += f" ({self.dist_errors} failed remotely, compiled here)"
         if self.fallbacks:
-            text += f", compiled locally after a failure: {describe_units(self.fallbacks)}"
+            text += f", compiled locally after a failure: {listed(self.fallbacks, 3)}"
         return text + (f", {self.write_errors} write errors" if self.write_errors else "")
 
 

@@ -24,7 +24,6 @@ import ipaddress
 import re
 import struct
 import urllib.parse
-from collections.abc import Sequence
 
 import attrs
 
@@ -181,9 +180,3 @@ exec "$@"
 def fallback_units(text: str) -> tuple[str, ...]:
     """The units the wrapper compiled locally, once each, in order."""
     return tuple(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
-
-
-def describe_units(units: Sequence[str], limit: int = 3) -> str:
-    """``a, b, c`` or ``a, b, c and 2 more``."""
-    shown = ", ".join(units[:limit])
-    return shown + (f" and {len(units) - limit} more" if len(units) > limit else "")
