@@ -21,6 +21,7 @@ from pathlib import Path
 import watchfiles
 from watchfiles._rust_notify import RustNotify
 
+from fdl_tasks.core.atomic_files import text_or_empty
 from fdl_tasks.tree.roots import WatchPlan
 from fdl_tasks.tree.scope import ChangeKind, Scope, gone_directory
 from fdl_tasks.tree.snapshot import Snapshot, diff, settled
@@ -147,8 +148,5 @@ def how_to_watch(root: Path, forced: bool) -> tuple[bool, str]:
     """Whether to poll (``forced``: ``fdl.watch_polling``), and what to say about it."""
     if forced:
         return polling_choice(root, None, forced)
-    try:
-        mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        mountinfo = ""
+    mountinfo = text_or_empty("/proc/self/mountinfo")
     return polling_choice(root, mount_fstype(mountinfo, os.path.realpath(root)), forced)
