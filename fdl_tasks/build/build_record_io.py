@@ -19,6 +19,7 @@ files touched.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import posixpath
 import shutil
@@ -244,7 +245,7 @@ def _union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
 def _walkable(source: str) -> bool:
     """A user mount to walk whole: it must exist and hold at most :data:`MOUNT_BUDGET`
     files (a look costs a stat per file)."""
-    files = walk_files(source, source, MOUNT_BUDGET + 1)
+    files = itertools.islice(walk_files(source, source), MOUNT_BUDGET + 1)
     return os.path.isdir(source) and sum(1 for _ in files) <= MOUNT_BUDGET
 
 

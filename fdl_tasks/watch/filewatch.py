@@ -13,6 +13,7 @@ unseen for good.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -131,7 +132,7 @@ def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKi
             replan = True  # a new directory: moved in whole, or a new top-level one
             if gone_directory(scope, path) is None:
                 continue  # a target dir, a cache: nothing in it can count
-            for found in walk_files(path, scope.root, _NEW_DIR_FILES):
+            for found in itertools.islice(walk_files(path, scope.root), _NEW_DIR_FILES):
                 if (kind := scope.classify(found)) is not None:
                     relevant[found] = kind
             continue
