@@ -19,8 +19,10 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import traceback
 from collections.abc import Callable
-from types import FrameType, TracebackType
+from pathlib import Path
+from types import TracebackType
 from typing import Any, TypedDict, TypeVar
 
 import attrs
@@ -82,8 +84,7 @@ class FdlTask(Task[Any]):
 
     def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
         opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
-        short = SHORT_FLAGS.get(opts["names"][0])
-        if short:
+        if short := SHORT_FLAGS.get(opts["names"][0]):
             opts["names"].append(short)
         return opts
 
@@ -215,10 +216,7 @@ def config_file_problem(exc: BaseException, tb: TracebackType | None) -> str | N
     """Invoke's reading of a configuration file failed (``invoke.yaml``, ``-f``'s): the
     problem as one paragraph, from the exception and the frames it passed through
     (``None``: not raised while Invoke's :class:`Config` read or merged a file)."""
-    frames = []
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
+    frames = [frame for frame, _ in traceback.walk_tb(tb)]
     in_config = [f for f in frames if isinstance(f.f_locals.get("self"), Config)]
     if not in_config:
         return None
@@ -242,8 +240,7 @@ def config_file_problem(exc: BaseException, tb: TracebackType | None) -> str | N
         return f"Invoke's configuration cannot be merged: {exc}"
     found, value = value_at(data, keys)
     try:
-        with open(path, encoding="utf-8") as stream:
-            text = stream.read()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError:
         text = ""
     return merge_problem(path, text, keys, value if found else None)
@@ -252,12 +249,8 @@ def config_file_problem(exc: BaseException, tb: TracebackType | None) -> str | N
 def loaded_by_invoke() -> bool:
     """Whether Invoke's task loader is importing this (``inv`` starting, or another Invoke
     program loading a tasks file), not a program that imports fdl-tasks itself."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        if isinstance(frame.f_locals.get("self"), Loader):
-            return True
-        frame = frame.f_back
-    return False
+    frames = traceback.walk_stack(sys._getframe(1))
+    return any(isinstance(frame.f_locals.get("self"), Loader) for frame, _ in frames)
 
 
 def hook_config_errors() -> None:

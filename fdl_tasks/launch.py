@@ -46,8 +46,7 @@ def check_envelopes(
     check_command(command)
     problems = []
     for worker in workers:
-        entry = envelopes.get(worker.host)
-        if entry is None:
+        if (entry := envelopes.get(worker.host)) is None:
             problems.append(f"{worker.host} has no entry in {source}")
         elif entry.bin.rsplit("/", 1)[-1] != command:
             problems.append(f"{worker.host}'s entry is for {entry.bin!r}, not {command!r}")
@@ -159,14 +158,12 @@ def launch(run: Run, command: str, args: Sequence[str], stale_ok: bool = False) 
     if not run.dry:  # a `prebuild --watch` cycle in flight publishes first
         wait_for_watch(run.root, command, run.settings.launch_wait, run.report)
     envelopes, source, text = read_published(run.root, command)
-    problems = check_envelopes(envelopes, remotes, command, source)
-    if problems:
+    if problems := check_envelopes(envelopes, remotes, command, source):
         raise FdlError(
             f"the envelope does not match {run.cluster.source} (stale? run prebuild "
             "again): " + "; ".join(problems)
         )
-    stale = None if stale_ok else stale_binary(run.root, command, [w.host for w in remotes])
-    if stale:
+    if not stale_ok and (stale := stale_binary(run.root, command, [w.host for w in remotes])):
         raise FdlError(stale)
     if mode == "fdl":
         assert run.cluster.origin is not None and run.cluster.origin.root is not None

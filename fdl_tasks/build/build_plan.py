@@ -77,13 +77,11 @@ def plan_environments(
     controller's; each needs its ``controller.cross`` setup.
     """
     cpu_archs = cpu_archs or {}
-    cross = backend.controller.cross
     for host, cpu_arch in cpu_archs.items():
-        if cpu_arch not in cross:
+        if cpu_arch not in backend.controller.cross:
             raise FdlError(f"host {host!r} is {cpu_arch}, but controller.cross has no entry for it")
     workers = tuple(workers)
-    problems = misfits(backend.controller)  # as the loader does, for a cluster made in code
-    if problems:
+    if problems := misfits(backend.controller):
         raise FdlError(problems[0])
     check_vendor_builds(workers, backend)
     environments = {}

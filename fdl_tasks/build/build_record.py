@@ -35,6 +35,7 @@ from typing import Any
 
 import attrs
 
+from fdl_tasks.core.console import listed
 from fdl_tasks.tree.scope import under
 from fdl_tasks.tree.snapshot import Entry, Snapshot, diff, racy
 
@@ -278,8 +279,7 @@ def tree_digest(record: BuildRecord) -> str:
 def first_changed(record: BuildRecord, now: Snapshot) -> str | None:
     """The first file (by path) some unit of ``record`` read whose content differs in
     ``now``; ``None`` when the binary was built from what is on disk."""
-    changed = verdict(record, None, now, None).changed
-    return changed[0] if changed else None
+    return next(iter(verdict(record, None, now, None).changed), None)
 
 
 def forced_line(verdict: Freshness, root: Path) -> str:
@@ -288,5 +288,4 @@ def forced_line(verdict: Freshness, root: Path) -> str:
     if not verdict.changed:
         return f"fdl: no usable record of what the last build read: {units}"
     changed = [os.path.relpath(path, root) for path in verdict.changed]
-    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-    return f"fdl: changed by content since the last good build: {shown}; {units}"
+    return f"fdl: changed by content since the last good build: {listed(changed, 3)}; {units}"

@@ -19,6 +19,7 @@ files touched.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import posixpath
 import shutil
@@ -171,8 +172,7 @@ class Records:
             return
         units = unit_reads(self.root, job, check.inputs)
         after, _ = self.look(job, check.inputs, check.look, named(units))
-        look = as_read(check.look, after)
-        record = BuildRecord(check.inputs.identity, look, units, binary)
+        record = BuildRecord(check.inputs.identity, as_read(check.look, after), units, binary)
         with contextlib.suppress(FdlError):  # no record only costs the next build a rebuild
             write_atomically(record_file(self.root, job), record.to_json())
 
@@ -245,9 +245,8 @@ def _union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
 def _walkable(source: str) -> bool:
     """A user mount to walk whole: it must exist and hold at most :data:`MOUNT_BUDGET`
     files (a look costs a stat per file)."""
-    if not os.path.isdir(source):
-        return False
-    return sum(1 for _ in walk_files(source, source, MOUNT_BUDGET + 1)) <= MOUNT_BUDGET
+    files = itertools.islice(walk_files(source, source), MOUNT_BUDGET + 1)
+    return os.path.isdir(source) and sum(1 for _ in files) <= MOUNT_BUDGET
 
 
 def _rustup_dirs(home: str) -> set[str] | None:

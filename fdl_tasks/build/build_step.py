@@ -141,7 +141,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
         )
         if run.dry:
             for job in jobs:
-                run.report(f"[{job.name}] {builder.build_line(job)}")
+                run.report(f"[{job.name}] {builder.backend.build_line(job)}")
             return []
         note, run_id = backend.run_note(), backend.run_id
         first, dependencies = builder.head_start(jobs)
@@ -166,8 +166,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
     record_builds(run, results, mode=backend.tool)
     for line in summary_lines(results):
         run.report(line)
-    failures = [r for r in results if not r.ok]
-    if failures:
+    if failures := [r for r in results if not r.ok]:
         message = (
             f"{len(failures)} of {len(results)} build(s) failed; no envelope was "
             "published.\n" + "\n".join(failure_report(r, str(run.root)) for r in failures)

@@ -84,9 +84,6 @@ class Builder:
         self.left_running: list[str] = []
         self.stopping = threading.Event()  #: set by :meth:`stop`
 
-    def build_line(self, job: BuildJob) -> str:
-        return self.backend.build_line(job)
-
     def head_start(self, jobs: Sequence[BuildJob]) -> tuple[int, bool]:
         """(how many builds run before the others start, whether because the dependencies
         changed) for :meth:`run_all` and the line that says so.
@@ -189,7 +186,7 @@ class Builder:
             if check and check.verdict.forced:
                 stream.write(forced_line(check.verdict, self.root) + "\n")
             promise: Any = self.c.run(
-                self.build_line(job),
+                self.backend.build_line(job),
                 asynchronous=True,
                 warn=True,
                 hide=False,
@@ -219,8 +216,7 @@ class Builder:
         elif exit_code != 0:
             said = self.backend.exit_problem(exit_code, log_tail(log_path))
             problem = said or f"cargo exited {exit_code}"
-            signal_name = {128 + 9: "SIGKILL", 128 + 15: "SIGTERM"}.get(exit_code)
-            if signal_name:
+            if signal_name := {128 + 9: "SIGKILL", 128 + 15: "SIGTERM"}.get(exit_code):
                 problem += f" (killed by {signal_name}: {self.backend.killers})"
         elif not built.is_file():
             problem = f"cargo succeeded but {built} is missing"

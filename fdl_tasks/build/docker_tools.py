@@ -170,8 +170,7 @@ def _missing_networks(project: str, networks: set[str]) -> set[str]:
             client.close()
     except docker_sdk.errors.DockerException:
         return networks
-    have = {(n.attrs.get("Labels") or {}).get(COMPOSE_NETWORK_LABEL) for n in found}
-    return networks - have
+    return networks - {(n.attrs.get("Labels") or {}).get(COMPOSE_NETWORK_LABEL) for n in found}
 
 
 def _compose(

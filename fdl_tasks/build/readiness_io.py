@@ -64,6 +64,5 @@ def controller_problems(
 def require_ready(root: Path, backend: Backend, jobs: Sequence[BuildJob]) -> None:
     """The same checks for a run that makes no preflight: refuse with every problem."""
     environments = {host: job.build.environment for job in jobs for host in job.hosts}
-    problems = environment_problems(root, backend, environments)
-    if problems:
+    if problems := environment_problems(root, backend, environments):
         raise FdlError("\n".join(problems) + f"\n{NOTHING_BUILT}")

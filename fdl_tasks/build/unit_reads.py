@@ -73,8 +73,7 @@ def _dep_infos_by_hash(profile: Path) -> dict[str, list[str]]:
     """rustc's dep-info files of a profile directory, by the unit hash that ends their
     name (``deps/<crate>-<hash>.d``, ``build/<pkg>-<hash>/build_script_build-<hash>.d``)."""
     found: dict[str, list[str]] = {}
-    candidates = [*profile.glob("deps/*.d"), *profile.glob("build/*/*.d")]
-    for path in candidates:
+    for path in [*profile.glob("deps/*.d"), *profile.glob("build/*/*.d")]:
         found.setdefault(path.stem.rpartition("-")[2], []).append(str(path))
     return found
 

@@ -18,10 +18,6 @@ from fdl_tasks.core.errors import FdlError
 from fdl_tasks.gpu.gpus import VENDOR_NAMES, Vendor, vendor_of
 
 
-def _vendor(worker: Worker) -> Vendor:
-    return vendor_of(worker.arch or "", worker.features)
-
-
 def check_vendor_builds(workers: Iterable[Worker], backend: Backend) -> None:
     """NVIDIA and AMD hosts cannot share the main build environment (native cargo builds
     every vendor; whether each entry names what the mode builds with is the loader's)."""
@@ -31,7 +27,7 @@ def check_vendor_builds(workers: Iterable[Worker], backend: Backend) -> None:
     by_vendor: dict[Vendor, list[str]] = {}
     for worker in workers:
         if worker.arch is not None:
-            by_vendor.setdefault(_vendor(worker), []).append(worker.host)
+            by_vendor.setdefault(vendor_of(worker.arch, worker.features), []).append(worker.host)
     homeless = [v for v in ("nvidia", "amd") if v in by_vendor and v not in gpu_builds]
     if len(homeless) > 1:
         hosts = "; ".join(f"{VENDOR_NAMES[v]}: {', '.join(by_vendor[v])}" for v in homeless)

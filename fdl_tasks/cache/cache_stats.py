@@ -8,7 +8,9 @@ from pathlib import Path
 
 import attrs
 
-from fdl_tasks.cache.dist import describe_units, fallback_units, parse_dist_status
+from fdl_tasks.cache.dist import fallback_units, parse_dist_status
+from fdl_tasks.core.atomic_files import text_or_empty
+from fdl_tasks.core.console import listed
 
 #: Each build writes its hit counts here, in its target dir.
 STATS_FILE = "sccache-stats.json"
@@ -54,7 +56,7 @@ class CacheStats:
             elif self.dist_errors:
                 text += f" ({self.dist_errors} failed remotely, compiled here)"
         if self.fallbacks:
-            text += f", compiled locally after a failure: {describe_units(self.fallbacks)}"
+            text += f", compiled locally after a failure: {listed(self.fallbacks, 3)}"
         return text + (f", {self.write_errors} write errors" if self.write_errors else "")
 
 
@@ -70,21 +72,12 @@ def read_stats(target_dir: Path) -> CacheStats | None:
         write_errors = int(stats.get("cache_write_errors", 0))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    dist = _read_text(target_dir / DIST_STATUS_FILE)
-    fallbacks = _read_text(target_dir / FALLBACKS_FILE)
     return CacheStats(
         hits,
         misses,
         write_errors,
-        dist=parse_dist_status(dist) if dist is not None else None,
+        dist=parse_dist_status(text_or_empty(target_dir / DIST_STATUS_FILE)),
         remote=remote,
         dist_errors=dist_errors,
-        fallbacks=fallback_units(fallbacks or ""),
+        fallbacks=fallback_units(text_or_empty(target_dir / FALLBACKS_FILE)),
     )
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None

@@ -234,7 +234,8 @@ def find_cache(directory: str, size: str, dist: DistSettings | None = None) -> C
     if binary is None:
         return None
     directory = os.path.abspath(os.path.expanduser(directory))
-    client = DistClient(dist.scheduler_url, _dist_dir(directory), dist.token_env) if dist else None
+    dist_dir = directory.rstrip("/") + "-dist"
+    client = DistClient(dist.scheduler_url, dist_dir, dist.token_env) if dist else None
     return CompileCache(binary, directory, size, client)
 
 
@@ -249,10 +250,6 @@ def _write_wrapper(path: Path) -> None:
         partial.chmod(0o755)
 
     replace_atomically(path, fill)
-
-
-def _dist_dir(directory: str) -> str:
-    return directory.rstrip("/") + "-dist"
 
 
 def open_cache(

@@ -24,7 +24,6 @@ import ipaddress
 import re
 import struct
 import urllib.parse
-from collections.abc import Sequence
 
 import attrs
 
@@ -53,17 +52,13 @@ def check_token(token: str, where: str) -> str:
     )
 
 
+#: What a TOML basic string escapes: quotes, backslashes and control characters.
+_TOML_ESCAPES = {c: f"\\u{c:04x}" for c in (*range(0x20), 0x7F)} | {ord(c): "\\" + c for c in '"\\'}
+
+
 def toml_string(text: str) -> str:
     """``text`` as a TOML basic string (quotes, backslashes and controls escaped)."""
-    escaped = []
-    for char in text:
-        if char in '"\\':
-            escaped.append("\\" + char)
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            escaped.append(f"\\u{ord(char):04x}")
-        else:
-            escaped.append(char)
-    return '"' + "".join(escaped) + '"'
+    return '"' + text.translate(_TOML_ESCAPES) + '"'
 
 
 def client_config(scheduler_url: str, token: str, packages_dir: str) -> str:
@@ -126,8 +121,7 @@ def parse_scheduler_status(body: bytes) -> SchedulerStatus | None:
     ``None`` for anything else (another version: only the answer itself counts)."""
     if len(body) != 24:
         return None
-    servers, cpus, in_progress = struct.unpack("<QQQ", body)
-    return SchedulerStatus(servers, cpus, in_progress)
+    return SchedulerStatus(*struct.unpack("<QQQ", body))
 
 
 def parse_dist_status(text: str) -> str | None:
@@ -186,9 +180,3 @@ exec "$@"
 def fallback_units(text: str) -> tuple[str, ...]:
     """The units the wrapper compiled locally, once each, in order."""
     return tuple(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
-
-
-def describe_units(units: Sequence[str], limit: int = 3) -> str:
-    """``a, b, c`` or ``a, b, c and 2 more``."""
-    shown = ", ".join(units[:limit])
-    return shown + (f" and {len(units) - limit} more" if len(units) > limit else "")

@@ -112,8 +112,7 @@ def read_token(dist: DistSettings, report: Report) -> tuple[str, str]:
     """
     if dist.token_env:
         source = f"controller.dist.token_env ${dist.token_env}"
-        value = os.environ.get(dist.token_env)
-        if value is None:
+        if (value := os.environ.get(dist.token_env)) is None:
             raise FdlError(
                 f"{source}: the variable is not set in the environment of this run; "
                 f"export {dist.token_env} (the scheduler's client token) or use token_file."
@@ -159,8 +158,7 @@ def probe_scheduler(
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code} from {scheduler_endpoint(url, 'status')}"
     except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return str(reason)
+        return str(getattr(exc, "reason", None) or exc)
     request = urllib.request.Request(
         scheduler_endpoint(url, "alloc_job"),
         data=b"",
@@ -168,8 +166,7 @@ def probe_scheduler(
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout):
-            pass
+        urllib.request.urlopen(request, timeout=timeout).close()
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             said = exc.read(200).decode("utf-8", "replace").strip()
@@ -179,8 +176,7 @@ def probe_scheduler(
                 "the token of the scheduler's [client_auth] section."
             ) from None
     except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return str(reason)
+        return str(getattr(exc, "reason", None) or exc)
     return status
 
 

@@ -127,8 +127,7 @@ def check_binary(
     names = frozenset().union(*(p.bins for p in selected))
     if command in names:
         return
-    confirmed = _ask_cargo(use_cargo, crate_dir, cargo, timeout)
-    if confirmed is not None:
+    if (confirmed := _ask_cargo(use_cargo, crate_dir, cargo, timeout)) is not None:
         if command in confirmed:
             return
         names = confirmed
@@ -204,11 +203,9 @@ def _location(crate_dir: Path, manifest: Path | None = None) -> str:
 
 def _refusal(command: str, location: str, names: frozenset[str], hint: str) -> str:
     parts = [f"no binary {command!r} in {location}:"]
-    close = close_matches(command, names)
-    if close:
+    if close := close_matches(command, names):
         parts.append(f"did you mean {quoted_choice(close)}?")
-    listed = sorted(names)
-    if not listed:
+    if not (listed := sorted(names)):
         parts.append("it has no binary targets")
     else:
         more = len(listed) - _LISTED

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +67,18 @@ def default_packages(reader: ManifestReader, manifest: Path) -> tuple[Package, .
     if workspace is None:
         return (load_package(reader, manifest),)
     root = manifest.parent
-    defaults = _strings(workspace, "default-members", manifest)
-    if defaults is not None:
-        manifests = _unique(
+    if (defaults := _strings(workspace, "default-members", manifest)) is not None:
+        manifests = [
             directory / MANIFEST
             for pattern in defaults
             for directory in _expand(root, pattern)
             if (directory / MANIFEST).is_file()
-        )
+        ]
     elif package is None:
         manifests = workspace_members(reader, manifest)
     else:
         manifests = [manifest]
-    return tuple(load_package(reader, m) for m in manifests)
+    return tuple(load_package(reader, m) for m in dict.fromkeys(manifests))
 
 
 def _strings(table: dict[str, Any], key: str, manifest: Path) -> list[str] | None:
@@ -91,10 +90,6 @@ def _strings(table: dict[str, Any], key: str, manifest: Path) -> list[str] | Non
     raise FdlError(f"{manifest}: '{key}' must be a list of paths, as cargo requires")
 
 
-def _unique(paths: Iterable[Path]) -> list[Path]:
-    return list(dict.fromkeys(paths))
-
-
 def _expand(root: Path, pattern: str) -> list[Path]:
     """A ``members`` entry as cargo's ``glob`` expands it (dot-entries match ``*``;
     only directories kept; no match: the entry itself)."""
@@ -102,7 +97,7 @@ def _expand(root: Path, pattern: str) -> list[Path]:
     matches = sorted(glob.glob(joined, recursive=True, include_hidden=True))
     if not matches:
         return [norm(root / pattern)]
-    return _unique(norm(m) for m in matches if os.path.isdir(m))
+    return list(dict.fromkeys(norm(m) for m in matches if os.path.isdir(m)))
 
 
 def workspace_members(reader: ManifestReader, root_manifest: Path) -> list[Path]:

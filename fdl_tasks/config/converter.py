@@ -48,14 +48,6 @@ def _equal_to(kind: Any) -> Callable[[Any], bool]:
     return lambda candidate: bool(candidate == kind)
 
 
-def register_checks(
-    converter: cattrs.Converter, checks: dict[Any, Callable[[object], object]]
-) -> None:
-    """Structure each kind with its single-value check."""
-    for kind, check in checks.items():
-        converter.register_structure_hook_func(_equal_to(kind), _with_check(check))
-
-
 def _is_tuple(kind: Any) -> bool:
     return get_origin(kind) is tuple
 
@@ -84,7 +76,8 @@ def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     converter.register_structure_hook(str, _with_check(check_text))
     converter.register_structure_hook(int, _with_check(check_int))
-    register_checks(converter, {**CHECKS, **SETTING_CHECKS, **DIST_CHECKS})
+    for kind, check in {**CHECKS, **SETTING_CHECKS, **DIST_CHECKS}.items():  # each kind's check
+        converter.register_structure_hook_func(_equal_to(kind), _with_check(check))
 
     def tuple_hook(kind: Any) -> Callable[[object, Any], tuple[Any, ...]]:
         as_list = converter.get_structure_hook(list[get_args(kind)[0]])  # type: ignore[misc]

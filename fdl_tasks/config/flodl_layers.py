@@ -12,6 +12,7 @@ the key. This tool must see the cluster block flodl's launcher will see.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 from collections.abc import Callable, Mapping
@@ -134,10 +135,8 @@ def project_layers(
 
 
 def merged(layers: list[tuple[Path, Any]]) -> Any:
-    result: Any = None
-    for _, data in layers:
-        result = deep_merge(result, data) if result is not None else data
-    return result
+    """Every layer merged into the one before (the first taken as it is)."""
+    return functools.reduce(deep_merge, [data for _, data in layers], None)
 
 
 def holding(layers: list[tuple[Path, Any]], keys: tuple[str | int, ...]) -> Path:

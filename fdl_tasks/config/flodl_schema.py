@@ -232,14 +232,9 @@ def project_problems(data: object) -> list[str]:
     problems = [f"{k}: unknown field (expected one of: {', '.join(PROJECT_KEYS)})" for k in unknown]
     if data.get("description") is not None and (p := _string(data["description"])):
         problems.append(f"description: {p}")
-    if (
-        "commands" in data
-        and data["commands"] is not None
-        and not isinstance(data["commands"], dict)
-    ):
+    if data.get("commands") is not None and not isinstance(data["commands"], dict):
         problems.append(f"commands: expected a mapping, got {kind_of(data['commands'])}")
-    block = data.get("cluster")
-    if block is not None:
+    if (block := data.get("cluster")) is not None:
         problems += [p for p in cluster_problems(block) if not p.startswith(explained)]
     return [line for _, line in ours] + problems
 
@@ -256,9 +251,7 @@ def cluster_problems(block: object) -> list[str]:
         workers = []
     for index, worker in enumerate(workers or []):
         problems += struct_problems(worker, WORKER, f"cluster.workers[{index}]")
-    if problems:
-        return problems
-    return _validate(block)
+    return problems or _validate(block)
 
 
 def _blank(value: object) -> bool:
@@ -270,10 +263,9 @@ def _validate(block: Mapping[str, Any]) -> list[str]:
     problems = []
     controller, workers = block["controller"], block["workers"]
     join = controller.get("join") or {}
-    if _blank(controller["host"]):
-        problems.append("cluster.controller.host must be non-empty")
-    if _blank(controller["path"]):
-        problems.append("cluster.controller.path must be non-empty")
+    for key in ("host", "path"):
+        if _blank(controller[key]):
+            problems.append(f"cluster.controller.{key} must be non-empty")
     if not workers and join.get("discovery") is not True:
         problems.append(
             "cluster.workers must be non-empty (a roster-free window needs "

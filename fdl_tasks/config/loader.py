@@ -46,8 +46,7 @@ def parse_cluster(data: object, source: str) -> Cluster:
         )
     cluster = structure(data, Cluster, f"{source} is not a valid cluster file")
     _check_cross(cluster, source)
-    problems = misfits(cluster.controller)
-    if problems:
+    if problems := misfits(cluster.controller):
         raise FdlError(f"{source} is not a valid cluster file: {problems[0]}.")
     cluster = attrs.evolve(  # each worker's delivery resolved: its own, else the cluster's
         cluster,
@@ -56,9 +55,7 @@ def parse_cluster(data: object, source: str) -> Cluster:
             attrs.evolve(w, delivery=w.delivery or cluster.delivery) for w in cluster.workers
         ),
     )
-    dist = cluster.controller.dist
-    problem = check_dist(dist) if dist else None
-    if problem:
+    if cluster.controller.dist and (problem := check_dist(cluster.controller.dist)):
         raise FdlError(f"{source} is not a valid cluster file: controller.dist: {problem}.")
     seen: dict[str, int] = {}
     for index, worker in enumerate(cluster.workers):
@@ -219,8 +216,7 @@ def load_flodl(path: Path, env: str | None) -> Cluster:
     layers = flodl_layers.project_layers(base, overlay, read_data, os.path.expanduser("~"))
     data = flodl_layers.merged(layers)
     primary = overlay or path
-    problems = flodl_schema.project_problems(data)
-    if problems:
+    if problems := flodl_schema.project_problems(data):
         culprit = flodl_layers.holding(layers, _key_path(problems[0]))
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
         raise FdlError(f"{culprit}: flodl's loader refuses it: {problems[0]}{more}.")
@@ -248,8 +244,7 @@ def load_flodl(path: Path, env: str | None) -> Cluster:
 def _layer_files(path: Path, env: str | None) -> tuple[Path | None, Path | None, str | None]:
     """The base, the overlay and its env for a flodl file named as the cluster file."""
     directory = path.parent
-    named = flodl_layers.overlay_env(path)
-    if named is not None:
+    if (named := flodl_layers.overlay_env(path)) is not None:
         if env and env != named:
             raise FdlError(
                 f"conflicting envs: {path} is the overlay of env {named!r}, but env {env!r} "

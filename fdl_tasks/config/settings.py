@@ -74,8 +74,7 @@ class Settings:
     def from_config(cls, fdl: Mapping[str, Any], **options: Any) -> Settings:
         """Merge config with task options (``None`` means the option was not given)."""
         merged = {**dict(fdl), **{k: v for k, v in options.items() if v is not None}}
-        unknown = sorted(set(merged) - set(DEFAULTS))
-        if unknown:
+        if unknown := sorted(set(merged) - set(DEFAULTS)):
             raise FdlError(
                 f"unknown fdl setting(s): {', '.join(unknown)}; known: " + ", ".join(DEFAULTS)
             )

@@ -55,18 +55,13 @@ def copy_atomically(source: Path, destination: Path) -> bool:
 
 def log_tail(path: Path, lines: int = 25) -> str:
     """The last ``lines`` lines of a log ('' if it cannot be read): what a failure shows."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(text[-lines:])
+    return "\n".join(text_or_empty(path).splitlines()[-lines:])
 
 
 def text_or_empty(path: Path | str) -> str:
     """A file's text (undecodable bytes replaced), empty when it cannot be read: for the
     files a tool's own earlier run wrote, whose absence only means "nothing known"."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            return file.read()
+        return Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""

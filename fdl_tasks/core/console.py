@@ -136,3 +136,9 @@ def format_table(rows: Sequence[Sequence[str]], rule: bool = False) -> list[str]
     if rule:
         lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
+
+
+def listed(items: Sequence[object], limit: int = 10) -> str:
+    """``a, b, c``; past ``limit`` items, the first ones ``and N more``."""
+    shown = ", ".join(map(str, items[:limit]))
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")

@@ -101,8 +101,7 @@ def choose(installed: list[Installed], report: GpuReport, cpu_arch: str | None) 
     refused: list[tuple[str, str]] = []
     fitting = []
     for item in installed:
-        why = _refusal(item, vendor, report, cpu_arch)
-        if why is None:
+        if (why := _refusal(item, vendor, report, cpu_arch)) is None:
             fitting.append(item)
         else:
             refused.append((item.arch, why))

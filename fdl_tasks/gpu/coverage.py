@@ -97,9 +97,8 @@ def amd_covered(target: str, archs: tuple[str, ...]) -> bool:
 
 def variant_cuda(arch: str, info: ArchFile | None) -> tuple[int, int] | None:
     """The variant's CUDA release: ``.arch``'s ``cuda=``, else a ``cuNNN`` basename."""
-    text = info.cuda if info and info.cuda else None
-    if text:
-        release = cuda_release(text)
+    if info and info.cuda:
+        release = cuda_release(info.cuda)
         return (int(release[0]), int(release[1])) if release else None
     return named_cuda(arch)
 

@@ -129,10 +129,6 @@ class GpuReport:
         return {"tools": list(self.tools), "gpus": [g.to_json() for g in self.gpus]}
 
 
-def _csv_fields(line: str) -> list[str]:
-    return [field.strip() for field in line.split(",")]
-
-
 def _known(value: str) -> str | None:
     """nvidia-smi prints ``[N/A]`` or ``[Not Supported]`` for what it does not know."""
     return None if not value or value.startswith("[") else value
@@ -144,7 +140,7 @@ def parse_nvidia_smi(lines: Iterable[str], with_capability: bool = True) -> tupl
     may itself hold commas: the fields are counted from both ends."""
     gpus = []
     for line in lines:
-        fields = _csv_fields(line)
+        fields = [field.strip() for field in line.split(",")]
         wanted = 4 if with_capability else 3
         if len(fields) < wanted or not fields[0].isdigit():
             continue

@@ -71,8 +71,7 @@ def all_devices_error(local_devices: object, vendor: Vendor, gpus: GpuReport) ->
     flodl counts both vendors)."""
     if local_devices != "all":
         return None
-    counted = [g for g in gpus.gpus if vendor == "cpu" or g.vendor == vendor]
-    if counted:
+    if any(vendor == "cpu" or g.vendor == vendor for g in gpus.gpus):
         return None
     wanted = "GPU" if vendor == "cpu" else f"{VENDOR_NAMES[vendor]} GPU"
     if gpus.tools:

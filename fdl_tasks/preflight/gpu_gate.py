@@ -73,8 +73,7 @@ def gate(verdict: HostVerdict, worker: Worker, root: Path) -> HostVerdict:
     warnings = list(verdict.warnings)
     if chosen and not facts.gpus.gpus and vendor_of(chosen, worker.features) == "cpu":
         warnings.append(_cpu_by_default(chosen, facts.gpus.tools))
-    naming = None if worker.features is not None else unknown_name_warning(worker.arch)
-    if naming:
+    if worker.features is None and (naming := unknown_name_warning(worker.arch)):
         warnings.append(naming)
     vendor = vendor_of(worker.arch, worker.features)
     info = read_arch_file(root, worker.arch) if vendor != "cpu" else None

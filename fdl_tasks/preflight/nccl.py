@@ -45,8 +45,7 @@ class NcclVersion:
 def _from_files(names: Iterable[str]) -> NcclVersion | None:
     """The first ``libnccl.so.X.Y[.Z]`` (a bare ``libnccl.so.2`` names no minor)."""
     for name in names:
-        match = _FILE.search(name.strip())
-        if match:
+        if match := _FILE.search(name.strip()):
             major, minor, patch = match.groups()
             return NcclVersion(int(major), int(minor), None if patch is None else int(patch))
     return None
@@ -56,8 +55,7 @@ def _from_header(lines: Iterable[str]) -> NcclVersion | None:
     """``#define NCCL_MAJOR 2`` … from ``nccl.h``; ``None`` without major and minor."""
     found: dict[str, int] = {}
     for line in lines:
-        match = _DEFINE.search(line)
-        if match:
+        if match := _DEFINE.search(line):
             found.setdefault(match.group(1), int(match.group(2)))
     if "MAJOR" not in found or "MINOR" not in found:
         return None

@@ -100,7 +100,6 @@ def probe_remotes(
     requests = {w.host: ProbeRequest.for_host(w, abi, crate, source) for w in workers}
     outcomes = fleet.run({h: r.script() for h, r in requests.items()}, settings.probe_timeout)
     controller = controller_abi(cross)
-    pins = {w.host: w.cpu_arch for w in workers}
     by_host = {w.host: w for w in workers}
     verdicts = []
     for host, request in requests.items():
@@ -113,7 +112,7 @@ def probe_remotes(
             )
         else:
             facts = parse_facts(outcome.stdout)
-            verdict = judge(host, request, facts, controller, pinned=pins[host])
+            verdict = judge(host, request, facts, controller, pinned=by_host[host].cpu_arch)
             if root is not None:
                 verdict = gate(verdict, by_host[host], root)
         verdicts.append(verdict)
@@ -226,8 +225,7 @@ def with_problems(
 def resolve(name: str) -> tuple[str, ...] | None:
     """The addresses ``name`` resolves to here (a literal IP is itself); ``None`` when it
     does not resolve."""
-    literal = literal_address(name)
-    if literal is not None:
+    if (literal := literal_address(name)) is not None:
         return (literal,)
     try:
         found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)

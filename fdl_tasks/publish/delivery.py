@@ -32,13 +32,9 @@ from fdl_tasks.ssh.answers import BEGIN, END, marked_answers
 PART_INFIX = ".fdl-part-"
 
 
-def delivery_of(cluster: Cluster, worker: Worker) -> str:
-    """The worker's own ``delivery``, else the cluster's."""
-    return worker.delivery or cluster.delivery
-
-
 def copy_hosts(cluster: Cluster, workers: Iterable[Worker]) -> list[Worker]:
-    return [w for w in workers if delivery_of(cluster, w) == "copy"]
+    """The workers whose own ``delivery``, else the cluster's, is ``copy``."""
+    return [w for w in workers if (w.delivery or cluster.delivery) == "copy"]
 
 
 @attrs.frozen(kw_only=True)

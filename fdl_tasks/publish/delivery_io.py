@@ -128,8 +128,7 @@ def deliver(
                 while not all(job.done() for job in jobs):  # a bare result() defers Ctrl-C
                     wait(jobs, timeout=0.1)
                 for (target, _), job in zip(todo, jobs, strict=True):
-                    problem = job.result()
-                    if problem:
+                    if problem := job.result():
                         problems.append(problem)
                     else:
                         sent[target.host] = target.size
@@ -165,8 +164,7 @@ def _send(
                     break
                 except NoSftp:
                     exec_channel = True
-            problem = stream(fleet, target, state, settings.probe_timeout, stop, stale)
-            if problem:
+            if problem := stream(fleet, target, state, settings.probe_timeout, stop, stale):
                 return problem
             break
         except Interrupted:
@@ -178,8 +176,7 @@ def _send(
                 return f"{target.host}: upload failed twice, the connection dropped ({reason})"
             report(f"copy: {target.host}: connection dropped mid-upload ({reason}); retrying once")
             fleet.connections[target.host].close()
-            failed = fleet.open([target.host])
-            if failed:
+            if failed := fleet.open([target.host]):
                 return (
                     f"{target.host}: the connection dropped mid-upload and could not be "
                     f"opened again: {failed[target.host].reason}"

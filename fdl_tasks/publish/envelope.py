@@ -59,8 +59,7 @@ class PerHostEnvelope:
 
 def _wire(envelope: PerHostEnvelope) -> dict[str, str]:
     """serde's ``skip_serializing_if = "String::is_empty"`` on ``cwd_subpath``."""
-    fields = attrs.asdict(envelope)
-    return {k: v for k, v in fields.items() if v or k != "cwd_subpath"}
+    return {k: v for k, v in attrs.asdict(envelope).items() if v or k != "cwd_subpath"}
 
 
 def encode(envelopes: Mapping[str, PerHostEnvelope]) -> str:
@@ -124,8 +123,7 @@ def read_published(root: Path, command: str) -> tuple[dict[str, PerHostEnvelope]
         if is_for_command(from_environment, command):
             return from_environment, f"${ENV_PREBUILD_PER_HOST}", text
     path = published_path(root, command)
-    text = read_text(path)
-    if text is None:
+    if (text := read_text(path)) is None:
         raise FdlError(
             f"{command!r} has no published envelope ({path} does not exist): "
             f"run inv prebuild --cmd {command} first"

@@ -57,8 +57,7 @@ def write_sources(root: Path, command: str, jobs: Sequence[BuildJob], kept: set[
     sources = {h: e for h, e in read_sources(text_or_empty(path)).items() if h in kept}
     for job in jobs:
         record_path = record_file(root, job)
-        record = read_record(record_path)
-        if record is not None:
+        if (record := read_record(record_path)) is not None:
             relative = str(record_path.relative_to(root))
             sources |= dict.fromkeys(job.hosts, (relative, tree_digest(record)))
     with contextlib.suppress(FdlError):  # without it, launch cannot check: it launches

@@ -50,7 +50,6 @@ def push_libtorch(run: Run, workers: list[Worker]) -> None:
     for host, source in sources.items():
         if not (source / "lib").is_dir():
             raise FdlError(f"{host}: the controller has no variant at {source}/lib to push")
-    problems: list[str] = []
     with Fleet(workers, run.settings, run.report) as fleet:
         remote_dirs = {w.host: libtorch_dir(w.path, require_arch(w)) for w in workers}
         listings = fleet.run(
@@ -88,8 +87,7 @@ def _push_host(
 ) -> str | None:
     if isinstance(listing, Failure):
         return f"{host}: not reached: {listing.reason}"
-    found = parse_listing(getattr(listing, "stdout", ""))
-    if found is None:
+    if (found := parse_listing(getattr(listing, "stdout", ""))) is None:
         return f"{host}: no usable answer listing {remote}"
     try:
         local = local_files(source)

@@ -76,8 +76,7 @@ def report_preflight(
         run.report(line, severity)
     if as_json:
         print(json.dumps([v.to_json() for v in verdicts], indent=2))
-    failed = [v for v in verdicts if v.status == "error"]
-    if failed:
+    if failed := [v for v in verdicts if v.status == "error"]:
         then = f"; {NOTHING_BUILT}" if building else ""
         raise preflight_error(failed)(
             f"preflight found errors on {', '.join(v.host for v in failed)}{then}"
@@ -123,8 +122,7 @@ def plan(
     cpu_archs: Mapping[str, str],
 ) -> list[BuildJob]:
     """The builds, and every variant they link checked on the controller before any runs."""
-    auto = [w.host for w in workers if w.arch == AUTO]
-    if auto:
+    if auto := [w.host for w in workers if w.arch == AUTO]:
         raise FdlError(
             f"arch: auto on {', '.join(auto)} is chosen from preflight's probe, which "
             "inv --dry does not make: run inv prebuild, or set 'arch'"
@@ -152,8 +150,7 @@ def prebuild(
     """
     require_verification_possible(run)
     verdicts: Sequence[HostVerdict] = known
-    auto = not run.dry and any(w.arch == AUTO for w in run.remotes)
-    probe = (probe or auto) and not run.dry
+    probe = (probe or any(w.arch == AUTO for w in run.remotes)) and not run.dry
     backend = run_backend(run)
     run.note_unlisted_controller()
     if run.dry:

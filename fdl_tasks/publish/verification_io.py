@@ -78,18 +78,14 @@ def verify_copies(
     pending = set(envelopes)
     with ThreadPoolExecutor(1) as side:
         reading = side.submit(_read_binaries, set(built.values()))
-        first = fleet.run({h: scripts[h] for h in sorted(pending)}, settings.probe_timeout)
+        outcomes = fleet.run({h: scripts[h] for h in sorted(pending)}, settings.probe_timeout)
         digests, needs = reading.result()
     expected = {h: digests[built[h]] for h in envelopes}
     needed = {h: needs[built[h]] for h in envelopes}
     for attempt in range(settings.verify_retries + 1):
         if attempt:
             time.sleep(settings.verify_retry_delay)
-        outcomes = (
-            fleet.run({h: scripts[h] for h in sorted(pending)}, settings.probe_timeout)
-            if attempt
-            else first
-        )
+            outcomes = fleet.run({h: scripts[h] for h in sorted(pending)}, settings.probe_timeout)
         for host, outcome in outcomes.items():
             if isinstance(outcome, Failure) and is_error(outcome.kind, settings.ssh_login_errors):
                 refused[host] = outcome
@@ -118,9 +114,6 @@ def verify_copies(
     return Verification(
         verified=tuple(verified), unverified=unverified, problems=tuple(problems), refused=refused
     )
-
-
-#: The old name, kept only while :mod:`fdl_tasks.publish.pipeline` imports it.
 
 
 def verify_hosts(
@@ -156,8 +149,7 @@ def require_verification_possible(run: Run) -> None:
 def require_one_reached(run: Run, verdicts: Sequence[HostVerdict]) -> None:
     """No remote host answered preflight: verification could reach none, so build nothing
     (unless ``fdl.require_verified`` is none, or verification is off)."""
-    remotes = [w.host for w in run.remotes]
-    if run.settings.verify and nothing_reached(verdicts, remotes):
+    if run.settings.verify and nothing_reached(verdicts, [w.host for w in run.remotes]):
         failed = {v.host: v.warnings[0] if v.warnings else "" for v in verdicts if v.failure}
         check_verified(0, failed, run.settings.require_verified, published=False)
 

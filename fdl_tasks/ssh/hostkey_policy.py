@@ -14,6 +14,7 @@ from pathlib import Path
 
 import paramiko
 
+from fdl_tasks.core.console import listed
 from fdl_tasks.ssh.known_hosts import split_name
 
 #: ``StrictHostKeyChecking`` values and what they come to here. ``ask`` is
@@ -43,12 +44,6 @@ class HostKeyRefused(paramiko.SSHException):
 def unstrict(said: str) -> bool:
     """Whether ``StrictHostKeyChecking`` as spelt asks for no checking (warned: accept-new)."""
     return said.lower() in ("no", "off", "false")
-
-
-def listed(items: Sequence[object], limit: int = 10) -> str:
-    """``a, b, c``; past ``limit`` items, the first ones ``and N more``."""
-    shown = ", ".join(map(str, items[:limit]))
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def _named(path: Path | None) -> str:

@@ -178,8 +178,7 @@ class KnownHostsTable(paramiko.HostKeys):
 
     def revokes(self, hostname: str, key: paramiko.PKey) -> bool:
         """Whether an ``@revoked`` line covering that name lists that key."""
-        name = hostname.lower()
-        return any(e.key == key and _name_matches(name, e.names) for e in self._revoked)
+        return any(e.key == key and _name_matches(hostname.lower(), e.names) for e in self._revoked)
 
     def lookup(self, hostname: str) -> Any:
         """paramiko's question: that name's keys by type (the first line wins), or ``None``."""
@@ -197,8 +196,7 @@ class KnownHostsTable(paramiko.HostKeys):
 
     def _remember_new(self, hostname: str, key: paramiko.PKey) -> paramiko.PKey | None:
         """Remember a new name's key; ``None`` once it is, else the other key remembered."""
-        remembered = self.entries(hostname)
-        if remembered:
+        if remembered := self.entries(hostname):
             return other_key(remembered, key)
         self._remember(hostname, key)
         return None

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import attrs
 import paramiko
 
 from fdl_tasks.core.locks import FileLock
@@ -97,8 +98,7 @@ class KnownHosts(KnownHostsTable):
                 regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
                 if regular:
                     self._catch_up(stream)
-                remembered = self.entries(hostname)
-                if remembered:
+                if remembered := self.entries(hostname):
                     return other_key(remembered, key)
                 name = hostname.lower()
                 written = paramiko.HostKeys.hash_host(name) if hashed else name
@@ -157,13 +157,13 @@ class KnownHostsView(paramiko.HostKeys):
         keys = KeyMap()
         for known in self.files:
             for entry in known.entries(hostname):
-                if entry.key.get_name() in keys:
-                    continue
-                if self.revoked_in(hostname, entry.key) is None:  # a file with no entry is falsy
-                    keys[entry.key.get_name()] = entry.key
+                name = entry.key.get_name()
+                if name not in keys and self.revoked_in(hostname, entry.key) is None:
+                    keys[name] = entry.key  # (a file with no entry is falsy: hence "is None")
         return keys or None
 
 
+@attrs.define(eq=False)
 class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
     """What happens to a key no known_hosts file has, as ``StrictHostKeyChecking`` says.
 
@@ -173,27 +173,21 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
     ``said`` is the value as the configuration spells it, for the message.
     """
 
-    def __init__(
-        self,
-        view: KnownHostsView,
-        strict: str = DEFAULT_STRICT,
-        hashed: bool = False,
-        said: str = "",
-        added: list[tuple[str, str, Path | None]] | None = None,
-    ) -> None:
-        self.view = view
-        self.strict = strict
-        self.hashed = hashed
-        self.said = said or strict
-        #: Each key accepted and remembered: name, key type, file (``None``: memory).
-        self.added = [] if added is None else added
+    view: KnownHostsView
+    strict: str = DEFAULT_STRICT
+    hashed: bool = False
+    said: str = ""
+    #: Each key accepted and remembered: name, key type, file (``None``: memory).
+    added: list[tuple[str, str, Path | None]] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        self.said = self.said or self.strict
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
         host, port = split_name(hostname)
-        revoked = self.view.revoked_in(hostname, key)
-        if revoked is not None:
+        if (revoked := self.view.revoked_in(hostname, key)) is not None:
             raise revoked_refusal(f"{host}:{port}", key, revoked.path)
         if self.strict == "yes":
             raise unknown_refusal(hostname, key, self.said, self.view.writable.path)
@@ -213,8 +207,7 @@ def explain_refusal(
     """
     host, port = split_name(hostname)
     where = f"{what}{host}:{port}"
-    revoked = view.revoked_in(hostname, exc.key)
-    if revoked is not None:
+    if (revoked := view.revoked_in(hostname, exc.key)) is not None:
         return revoked_refusal(where, exc.key, revoked.path)
     known = view.source_of(hostname, exc.expected_key)
     path = known.path if known is not None else None

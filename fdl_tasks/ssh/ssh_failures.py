@@ -86,15 +86,10 @@ def classify(exc: BaseException, answer: str = "") -> FailureKind:
         return FailureKind.UNREACHABLE
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return FailureKind.UNREACHABLE
-    if _banner_failure(exc):
-        if isinstance(exc.__context__, TimeoutError):
-            return FailureKind.UNREACHABLE  # accepted, then silent: a hung host
-        # Closed without a banner: not SSH if the port says something else when greeted.
-        return (
-            FailureKind.NOT_SSH
-            if answer and not answer.startswith("SSH-")
-            else FailureKind.UNREACHABLE
-        )
+    if _banner_failure(exc):  # a hung host (accepted, then silent) is unreachable;
+        # closed without a banner: not SSH if the port says something else when greeted.
+        not_ssh = wants_greeting(exc) and answer and not answer.startswith("SSH-")
+        return FailureKind.NOT_SSH if not_ssh else FailureKind.UNREACHABLE
     if isinstance(exc, paramiko.SSHException) and any(w in str(exc) for w in _NOT_SSH_WORDS):
         return FailureKind.NOT_SSH
     if isinstance(exc, paramiko.SSHException) and "No existing session" in str(exc):

@@ -120,8 +120,7 @@ _DATA = re.compile(rf'<script type="application/json" id="{DATA_ID}">(.*?)</scri
 
 def page_data(page: str) -> dict[str, Any] | None:
     """The data a page embeds (``None`` when it holds none)."""
-    found = _DATA.search(page)
-    if found is None:
+    if (found := _DATA.search(page)) is None:
         return None
     data: dict[str, Any] = json.loads(found.group(1))
     return data

@@ -63,8 +63,7 @@ def declared_inputs(
             continue
         for raw in paths:
             if raw.startswith("/"):
-                mapped = host_path(raw, mounts)
-                if mapped is not None:
+                if (mapped := host_path(raw, mounts)) is not None:
                     declared.append(mapped)
             else:
                 declared += [posixpath.normpath(posixpath.join(d, raw)) for d in dirs]

@@ -140,14 +140,8 @@ class Scope:
         root = data.get("root")
         if not isinstance(root, str) or "cluster_files" not in data:
             raise ValueError("root")
-        return cls(
-            root,
-            strings("cluster_files"),
-            strings("variants"),
-            strings("excluded"),
-            strings("declared"),
-            strings("packages"),
-        )
+        lists = ("cluster_files", "variants", "excluded", "declared", "packages")
+        return cls(root, *map(strings, lists))
 
 
 def gone_directory(scope: Scope, path: str) -> ChangeKind | None:

@@ -128,8 +128,7 @@ def diff(old: Snapshot, new: Snapshot, since_ns: int | None = None) -> set[tuple
     """
     changes: set[tuple[Change, str]] = set()
     for path, entry in new.entries.items():
-        before = old.entries.get(path)
-        if before is not None:
+        if (before := old.entries.get(path)) is not None:
             if modified(before, entry):
                 changes.add((Change.modified, path))
         elif old.covers(path) or (since_ns is not None and entry.changed_ns >= since_ns):

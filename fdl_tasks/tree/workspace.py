@@ -22,10 +22,9 @@ from fdl_tasks.tree.buildscripts import declared_inputs
 from fdl_tasks.tree.scope import Scope, ignored_dir, make_scope, under
 
 
-def walk_files(top: str, root: str, limit: int | None = None) -> Iterator[str]:
-    """Files under ``top`` in the workspace rooted at ``root``, at most ``limit``; a
-    ``target/`` is skipped at the root or beside a ``Cargo.toml``."""
-    count = 0
+def walk_files(top: str, root: str) -> Iterator[str]:
+    """Files under ``top`` in the workspace rooted at ``root`` (lazily: a caller may stop
+    early); a ``target/`` is skipped at the root or beside a ``Cargo.toml``."""
     libtorch = libtorch_root(root)
     for directory, dirs, files in os.walk(top):
         manifest = "Cargo.toml" in files or directory == root
@@ -36,11 +35,7 @@ def walk_files(top: str, root: str, limit: int | None = None) -> Iterator[str]:
             and not (d == "target" and manifest)
             and posixpath.join(directory, d) != libtorch
         ]
-        for name in files:
-            yield posixpath.join(directory, name)
-            count += 1
-            if limit is not None and count >= limit:
-                return
+        yield from (posixpath.join(directory, name) for name in files)
 
 
 def scope_files(scope: Scope) -> Iterator[str]:
@@ -109,8 +104,7 @@ def survey(
     declared = [p for p in declared if under(p, root) or os.path.exists(p)]
     dirs = [d for found in packages.values() for d in found]
     own = [str(watch_dir)]
-    cache = run.settings.compile_cache_dir
-    if cache:
+    if cache := run.settings.compile_cache_dir:
         own.append(os.path.abspath(os.path.expanduser(cache)))
     variants = [libtorch_dir(root, arch) for arch in archs]
     files = [os.path.abspath(f) for f in run.cluster.files]

@@ -13,6 +13,7 @@ unseen for good.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from pathlib import Path
 import watchfiles
 from watchfiles._rust_notify import RustNotify
 
+from fdl_tasks.core.atomic_files import text_or_empty
 from fdl_tasks.tree.roots import WatchPlan
 from fdl_tasks.tree.scope import ChangeKind, Scope, gone_directory
 from fdl_tasks.tree.snapshot import Snapshot, diff, settled
@@ -130,9 +132,8 @@ def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKi
             replan = True  # a new directory: moved in whole, or a new top-level one
             if gone_directory(scope, path) is None:
                 continue  # a target dir, a cache: nothing in it can count
-            for found in walk_files(path, scope.root, _NEW_DIR_FILES):
-                kind = scope.classify(found)
-                if kind is not None:
+            for found in itertools.islice(walk_files(path, scope.root), _NEW_DIR_FILES):
+                if (kind := scope.classify(found)) is not None:
                     relevant[found] = kind
             continue
         kind = scope.classify(path)
@@ -148,8 +149,5 @@ def how_to_watch(root: Path, forced: bool) -> tuple[bool, str]:
     """Whether to poll (``forced``: ``fdl.watch_polling``), and what to say about it."""
     if forced:
         return polling_choice(root, None, forced)
-    try:
-        mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        mountinfo = ""
+    mountinfo = text_or_empty("/proc/self/mountinfo")
     return polling_choice(root, mount_fstype(mountinfo, os.path.realpath(root)), forced)

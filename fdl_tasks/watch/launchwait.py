@@ -92,8 +92,7 @@ def _unseen_change(state: Mapping[str, Any]) -> str | None:
     stamp_ns = state.get("stamp_ns")
     try:
         scope = Scope.from_json(state.get("scope") or {})
-        raw = state.get("seen") or {}
-        seen = {str(p): Entry.from_json(e) for p, e in dict(raw).items()}
+        seen = {str(p): Entry.from_json(e) for p, e in dict(state.get("seen") or {}).items()}
     except (ValueError, TypeError):
         return None
     if not isinstance(stamp_ns, int) or isinstance(stamp_ns, bool):

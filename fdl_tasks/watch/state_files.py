@@ -116,11 +116,10 @@ class StateFile:
 
     def remove(self) -> None:
         """The state and any partial copy: a watcher that ended leaves nothing to wait for."""
-        with contextlib.suppress(OSError):
-            self.files.state.unlink(missing_ok=True)
-        for partial in self.files.directory.glob(f".{self.files.state.name}.*.partial"):
+        partials = self.files.directory.glob(f".{self.files.state.name}.*.partial")
+        for path in [self.files.state, *partials]:
             with contextlib.suppress(OSError):
-                partial.unlink()
+                path.unlink()
 
 
 def touch_stamp(files: WatchFiles) -> int | None:

@@ -65,9 +65,8 @@ class Watcher:
         self.offset_ns = 0
 
     def plan(self) -> WatchPlan:
-        root = self.scope.root
         try:
-            tops = [e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+            tops = [e.name for e in os.scandir(self.scope.root) if e.is_dir(follow_symlinks=False)]
         except OSError:
             tops = []
         return watch_plan(self.scope, tops, os.path.exists)
@@ -108,8 +107,7 @@ class Watcher:
         if self.baseline is None or self.watch is None:
             return
         now = self.look(self.watch.plan, self.baseline)
-        changes = diff(self.baseline, now, self.stamp_ns)
-        if changes:
+        if changes := diff(self.baseline, now, self.stamp_ns):
             self.receive(changes)
 
     def receive(self, changes: Changes) -> None:
@@ -140,9 +138,8 @@ class Watcher:
             elif text not in self._said:
                 self.report(f"watch: the file watcher stopped ({text}); watching again")
             self._said.add(text)
-        self.watch, old = None, self.watch
-        if old is not None:
-            old.stop()
+        self.stop()
+        self.watch = None
         self._restarts += 1
         time.sleep(min(0.5 * 2 ** min(self._restarts, 5), 10.0))
         self.rewatch()

@@ -53,8 +53,7 @@ def compose_environment(root: str, arch: Arch, ids: tuple[int, int]) -> dict[str
         "LIBTORCH_HOST_PATH": libtorch_dir(root, arch),
         "LIBTORCH_CPU_PATH": COMPOSE_CPU_LIBTORCH,
     }
-    cuda = arch_cuda(arch)
-    if cuda:
+    if cuda := arch_cuda(arch):
         environment |= {"CUDA_VERSION": cuda.version, "CUDA_TAG": cuda.tag}
     return environment | {"UID": str(ids[0]), "GID": str(ids[1])}
 
@@ -196,15 +195,7 @@ class ComposeBackend(ContainerBackend):
         if found is None or build.timings:
             return RecordInputs(None, tuple(self.mounts()))
         service, image_id = found
-        line = compose_line(
-            job,
-            self.controller,
-            self.compose,
-            self.compose_argv,
-            RECORD_RUN_ID,
-            self.ids,
-            self.cache,
-        )
+        line = self.build_line(job, RECORD_RUN_ID)
         inputs = service_inputs(service, image_id, root, libtorch_dir(root, build.arch), line)
         return inputs or RecordInputs(None, tuple(self.mounts()))
 
@@ -223,13 +214,12 @@ class ComposeBackend(ContainerBackend):
             distinct = dict.fromkeys(tuple(sorted(v.items())) for v in sets)
             for key, config in zip(distinct, configs, strict=True):
                 resolved = config["services"][service]
-                self.resolved[(service, key)] = (
-                    resolved,
-                    ids.get(str(resolved.get("image"))),
-                )
+                self.resolved[(service, key)] = (resolved, ids.get(str(resolved.get("image"))))
             create_compose_networks(self.compose_argv, service, root, sets[0], configs[0])
 
-    def build_line(self, job: BuildJob) -> str:
+    def build_line(self, job: BuildJob, run_id: str = "") -> str:
+        """``run_id``: the run's own unless given (a record's line: :data:`RECORD_RUN_ID`)."""
+        run_id = run_id or self.run_id
         return compose_line(
-            job, self.controller, self.compose, self.compose_argv, self.run_id, self.ids, self.cache
+            job, self.controller, self.compose, self.compose_argv, run_id, self.ids, self.cache
         )

@@ -83,11 +83,8 @@ def native_identity(crate_dir: str) -> str | None:
             return None
         parts.append(done.stdout)
     home = Path(os.environ.get("CARGO_HOME") or Path.home() / ".cargo")
-    configs = [home / name for name in ("config.toml", "config")]
-    configs += [
-        d / ".cargo" / n for d in Path(crate_dir).parents for n in ("config.toml", "config")
-    ]
-    for config in configs:
+    directories = [home, *(d / ".cargo" for d in Path(crate_dir).parents)]
+    for config in (d / n for d in directories for n in ("config.toml", "config")):
         try:
             parts.append(f"{config}: {config.read_text(encoding='utf-8', errors='replace')}")
         except OSError:
