@@ -558,12 +558,7 @@ class Bench:
     def overhead_comparison(self, key: str, what: str, target: str) -> Comparison:
         bare = f"bare {'docker run' if self.docker else 'cargo'}"
         return Comparison(
-            key,
-            f"overhead, {what}, 1 host ({self.mode})",
-            "inv prebuild",
-            bare,
-            "fdl/bare",
-            target,
+            key, f"overhead, {what}, 1 host ({self.mode})", "inv prebuild", bare, "fdl/bare", target
         )
 
     def overhead_rep(

@@ -17,15 +17,7 @@ handler, no environment variable (:mod:`fdl_tasks.cli` says when the tasks do).
 Every other module is internal and may change between releases.
 """
 
-from fdl_tasks.api import (
-    HostBinary,
-    Published,
-    Settings,
-    Verdict,
-    prebuild,
-    preflight,
-    settings_of,
-)
+from fdl_tasks.api import HostBinary, Published, Settings, Verdict, prebuild, preflight, settings_of
 from fdl_tasks.core.errors import FdlError, Stopped
 from fdl_tasks.tasks import ns
 

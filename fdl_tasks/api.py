@@ -26,15 +26,7 @@ from fdl_tasks.config.settings import Settings, resolve_cluster_file
 from fdl_tasks.preflight import probe
 from fdl_tasks.timings.recording import recorded
 
-__all__ = [
-    "HostBinary",
-    "Published",
-    "Settings",
-    "Verdict",
-    "prebuild",
-    "preflight",
-    "settings_of",
-]
+__all__ = ["HostBinary", "Published", "Settings", "Verdict", "prebuild", "preflight", "settings_of"]
 
 
 @attrs.frozen(kw_only=True)

@@ -32,7 +32,7 @@ __all__ = ["build_host", "clean", "launch", "ns", "prebuild", "preflight", "push
 @fdl_task(
     help={
         "no-prebuild": "check data paths and directories only: no ABI gate, no build checks "
-        "(no binary will ship)",
+        "(no binary will ship)"
     }
 )
 def preflight(
@@ -195,11 +195,7 @@ def clean(c: Context, where: ClusterChoice, dry: bool = False, all: bool = False
     clean_target_tree(run, list_only=dry or run.dry, everything=all)
 
 
-@fdl_task(
-    help={
-        "host": "one copy host's label (default: every worker with delivery: copy)",
-    }
-)
+@fdl_task(help={"host": "one copy host's label (default: every worker with delivery: copy)"})
 def push_libtorch(c: Context, where: ClusterChoice, host: str | None = None) -> None:
     """Put each copy host's libtorch variant at <path>/libtorch/<arch>: changed files only."""
     run = Run.start(c, **where.options(), label="push-libtorch")

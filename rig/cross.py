@@ -146,10 +146,7 @@ IMAGE_REVISION_LABEL, IMAGE_REVISION = "fdl-rig.cross-revision", "2"
 
 def _installed(package: str) -> bool:
     proc = subprocess.run(
-        ["dpkg-query", "-W", "-f=${Status}", package],
-        capture_output=True,
-        text=True,
-        check=False,
+        ["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True, check=False
     )
     return proc.returncode == 0 and proc.stdout.strip() == "install ok installed"
 

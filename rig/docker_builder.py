@@ -219,11 +219,7 @@ def apt_mirror(suite: str = SUITE) -> str:
 
 
 def image_exists(ref: str) -> bool:
-    proc = subprocess.run(
-        ["docker", "image", "inspect", ref],
-        capture_output=True,
-        check=False,
-    )
+    proc = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False)
     return proc.returncode == 0
 
 
@@ -366,11 +362,7 @@ def _active_toolchain(rustup_home: Path) -> str:
     rustc = shutil.which("rustc") or str(_host_cargo_home() / "bin" / "rustc")
     try:
         proc = subprocess.run(
-            [rustc, "--print", "sysroot"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd="/",
+            [rustc, "--print", "sysroot"], capture_output=True, text=True, check=True, cwd="/"
         )
         sysroot = Path(proc.stdout.strip()).resolve()
         toolchains = (rustup_home / "toolchains").resolve()

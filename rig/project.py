@@ -105,11 +105,7 @@ def _stub_up_to_date(lib_dir: Path, arch: str, machine: str) -> bool:
 
 
 def add_variant(
-    root: Path,
-    arch: str,
-    *,
-    machine: str | None = None,
-    compiler: Sequence[str] | None = None,
+    root: Path, arch: str, *, machine: str | None = None, compiler: Sequence[str] | None = None
 ) -> Path:
     """Compile the stub as ``root/libtorch/<arch>/lib/libtorch.so``; return the arch dir.
 
@@ -153,10 +149,7 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 
 
 def make_project(
-    root: Path,
-    variants: Iterable[str],
-    *,
-    owner: tuple[int, int] | None = None,
+    root: Path, variants: Iterable[str], *, owner: tuple[int, int] | None = None
 ) -> Path:
     """Lay the fixture workspace into ``root`` and compile one stub per arch.
 

@@ -95,13 +95,7 @@ import psutil
 
 from fdl_tasks.core.atomic_files import log_tail, write_atomically
 
-__all__ = [
-    "DEFAULT_PORT",
-    "RIG_USER",
-    "HostSpec",
-    "Rig",
-    "RigError",
-]
+__all__ = ["DEFAULT_PORT", "RIG_USER", "HostSpec", "Rig", "RigError"]
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"

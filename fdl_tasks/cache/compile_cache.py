@@ -253,10 +253,7 @@ def _write_wrapper(path: Path) -> None:
 
 
 def open_cache(
-    directory: str,
-    size: str,
-    dist: DistSettings | None = None,
-    report: Report | None = None,
+    directory: str, size: str, dist: DistSettings | None = None, report: Report | None = None
 ) -> CompileCache | None:
     """The cache for this prebuild, its directory made (owned by the invoking user).
 

@@ -10,14 +10,7 @@ import re
 
 import attrs
 
-from fdl_tasks.gpu.gpus import (
-    VENDOR_NAMES,
-    Gpu,
-    GpuReport,
-    Vendor,
-    cuda_release,
-    named_cuda,
-)
+from fdl_tasks.gpu.gpus import VENDOR_NAMES, Gpu, GpuReport, Vendor, cuda_release, named_cuda
 
 #: The oldest Linux driver each CUDA major release runs on, with CUDA's minor version
 #: compatibility. Source: NVIDIA, "CUDA Compatibility" (docs.nvidia.com/deploy/

@@ -71,9 +71,7 @@ workers:
 """
 
 
-def test_a_prebuild_on_a_worker_thread_of_another_program_changes_nothing(
-    tmp_path: Path,
-) -> None:
+def test_a_prebuild_on_a_worker_thread_of_another_program_changes_nothing(tmp_path: Path) -> None:
     (tmp_path / "cluster.yaml").write_text(CLUSTER.format(root=tmp_path))
     (tmp_path / "Cargo.toml").write_text('[package]\nname = "x"\nversion = "0.1.0"\n')
     (tmp_path / "src").mkdir()

@@ -22,14 +22,7 @@ from typing import Any
 import pytest
 
 from fdl_tasks.publish.envelope import PerHostEnvelope, decode
-from rig.harness import (
-    OWNER_LABEL,
-    RigCluster,
-    Running,
-    containers,
-    inv_argv,
-    start_rig,
-)
+from rig.harness import OWNER_LABEL, RigCluster, Running, containers, inv_argv, start_rig
 from rig.project import FIXTURE_DIR
 from rig.sshrig import HostSpec
 

@@ -85,14 +85,7 @@ def test_prebuild_then_launch_through_flodl_s_launcher(rig: RigCluster, tmp_path
     path = recording_fdl(tmp_path / "bin")
     record = tmp_path / "bin" / "record.json"
     launched = run_inv(
-        project,
-        "launch",
-        "--cmd",
-        "ddp-bench",
-        "--",
-        "--epochs",
-        "1",
-        env=rig.environment(path),
+        project, "launch", "--cmd", "ddp-bench", "--", "--epochs", "1", env=rig.environment(path)
     )
     assert launched.returncode == 7, launched.stderr
     seen = json.loads(record.read_text())

@@ -91,9 +91,7 @@ def changed_ns(path: Path | None) -> int:
         return 0
 
 
-def test_a_save_in_the_second_of_the_build_through_sshfs(
-    view: tuple[RigCluster, Path],
-) -> None:
+def test_a_save_in_the_second_of_the_build_through_sshfs(view: tuple[RigCluster, Path]) -> None:
     rig, mount = view
     cluster = rig.write([rig.worker("sf1", arch=ARCH)], "sshfs.yaml", path=str(mount))
     main = mount / MAIN_RS

@@ -19,11 +19,7 @@ from typing import Any
 import pytest
 
 from fdl_tasks.publish.envelope import PerHostEnvelope
-from fdl_tasks.publish.verification import (
-    copy_problems,
-    parse_verification,
-    verification_script,
-)
+from fdl_tasks.publish.verification import copy_problems, parse_verification, verification_script
 from rig.harness import RigCluster, inv_argv, start_rig
 from rig.newer_glibc import NEWER, add_newer_glibc_variant
 from rig.sshrig import HostSpec

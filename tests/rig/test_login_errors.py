@@ -157,11 +157,7 @@ def test_no_key_at_all_is_an_error(rig: RigCluster) -> None:
     home = rig.root / "empty-home"
     home.mkdir(exist_ok=True)
     done, got = preflight(
-        rig,
-        [worker(rig, "good", identity_file=None)],
-        "no-key",
-        HOME=str(home),
-        SSH_AUTH_SOCK="",
+        rig, [worker(rig, "good", identity_file=None)], "no-key", HOME=str(home), SSH_AUTH_SOCK=""
     )
     assert done.returncode == 4, done.stderr
     reason = got["good"]["errors"][0]

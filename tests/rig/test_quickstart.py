@@ -80,12 +80,7 @@ class Namespace:
             f"--chdir={cwd}",
         ]
         return subprocess.run(
-            [*enter, *argv],
-            env=env,
-            text=True,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
+            [*enter, *argv], env=env, text=True, capture_output=True, timeout=timeout, check=False
         )
 
     def close(self) -> None:

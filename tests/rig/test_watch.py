@@ -296,9 +296,7 @@ def test_sigterm_when_idle_keeps_the_last_good_envelope(rig: RigCluster) -> None
     assert not (rig.project / "target/cluster/_watch/ddp-bench.json").exists()
 
 
-def test_sigterm_during_a_docker_cycle_leaves_no_container_and_no_envelope(
-    rig: RigCluster,
-) -> None:
+def test_sigterm_during_a_docker_cycle_leaves_no_container_and_no_envelope(rig: RigCluster) -> None:
     docker = {**rig.docker_settings(), "env": {"FDL_FIXTURE_BUILD_SLEEP": "120"}}
     run = watch(rig, cluster_file(rig, "docker.yaml", docker))
     run.wait_for(lambda: re.search(r"\(run ([0-9a-f]+):", run.stderr) is not None, 120)

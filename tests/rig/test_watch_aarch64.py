@@ -34,10 +34,7 @@ from tests.rig.test_watch import (
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
-HOSTS = [
-    HostSpec("wa-x86", "127.0.6.20"),
-    HostSpec("wa-arm", "127.0.6.21", emulate="aarch64"),
-]
+HOSTS = [HostSpec("wa-x86", "127.0.6.20"), HostSpec("wa-arm", "127.0.6.21", emulate="aarch64")]
 ARM_ARCH = "precompiled/cu128-aarch64"
 ARCHS = {"wa-x86": "precompiled/cpu", "wa-arm": ARM_ARCH}
 MACHINES = {"wa-x86": "x86_64", "wa-arm": "aarch64"}
@@ -63,10 +60,7 @@ def unpinned_cluster(rig: RigCluster, mode: str) -> Path:
     if mode == "native":
         controller: dict[str, Any] = {"cross": {"aarch64": {}}}
     elif mode == "compose":
-        controller = {
-            "docker": "cuda",
-            "cross": {"aarch64": {"service": CROSS_SERVICE}},
-        }
+        controller = {"docker": "cuda", "cross": {"aarch64": {"service": CROSS_SERVICE}}}
     else:
         controller = {"docker": rig.docker_settings(), "cross": {"aarch64": {"image": CROSS_REF}}}
     return rig.write(workers, f"unpinned-{mode}.yaml", **controller)

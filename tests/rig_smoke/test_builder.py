@@ -43,10 +43,7 @@ def _run(
 def _native_build(proj: Path, arch: str, target: Path, features: list[str]) -> Path:
     proc = _run(
         [_cargo(), "build", "--release", "--bin", "ddp-bench", *features],
-        env={
-            "LIBTORCH_PATH": str(libtorch_dir(proj, arch)),
-            "CARGO_TARGET_DIR": str(target),
-        },
+        env={"LIBTORCH_PATH": str(libtorch_dir(proj, arch)), "CARGO_TARGET_DIR": str(target)},
         cwd=proj / "ddp-bench",
     )
     assert proc.returncode == 0, proc.stderr

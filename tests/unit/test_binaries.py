@@ -571,13 +571,7 @@ def test_cargo_timeout_is_bounded(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "script",
-    [
-        "echo 'not json'\n",
-        "echo '[]'\n",
-        "echo '{\"packages\": []}'\n",
-        "exit 101\n",
-    ],
+    "script", ["echo 'not json'\n", "echo '[]'\n", "echo '{\"packages\": []}'\n", "exit 101\n"]
 )
 def test_cargo_unexpected_output(tmp_path: Path, script: str) -> None:
     package(tmp_path, "p")

@@ -601,11 +601,7 @@ def test_torn_or_foreign_files_are_no_record_and_no_crash(tmp_path: Path) -> Non
     built(tmp_path, job)
     record_file(tmp_path, job).write_bytes(b"\xff\xfe not utf-8")
     assert records(tmp_path).check(job).verdict == Freshness(
-        False,
-        (
-            "release/.fingerprint/ddp-bench-0001",
-            "release/.fingerprint/util-0002",
-        ),
+        False, ("release/.fingerprint/ddp-bench-0001", "release/.fingerprint/util-0002")
     )
     deps = tmp_path / job.target_dir / "release/deps"
     (deps / "ddp_bench-0001.d").write_bytes(b"\xff\xfe: \xfe")

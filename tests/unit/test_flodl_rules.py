@@ -246,9 +246,7 @@ def solo_block(host: str = "127.0.0.1") -> str:
     return SOLO.replace("127.0.0.1", host)
 
 
-def test_the_cluster_block_split_between_fdl_yml_and_the_overlay_is_merged(
-    tmp_path: Path,
-) -> None:
+def test_the_cluster_block_split_between_fdl_yml_and_the_overlay_is_merged(tmp_path: Path) -> None:
     write(
         tmp_path,
         "fdl.yml",

@@ -18,11 +18,7 @@ from fdl_tasks.preflight.probe import ControllerAbi, ProbeFacts, ProbeRequest, j
 from fdl_tasks.preflight.probe import parse_facts as parse_probe
 from fdl_tasks.preflight.unmet_versions import UnmetVersion, parse_unmet, unmet_text
 from fdl_tasks.publish.envelope import PerHostEnvelope
-from fdl_tasks.publish.verification import (
-    copy_problems,
-    parse_verification,
-    verification_script,
-)
+from fdl_tasks.publish.verification import copy_problems, parse_verification, verification_script
 from fdl_tasks.ssh.answers import BEGIN, END
 
 #: Real ldd output: rockylinux:9 loading a libtorch built on a newer distribution.

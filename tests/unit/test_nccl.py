@@ -118,12 +118,7 @@ def test_nccl_is_asked_only_of_a_known_nvidia_variant_when_prebuilding() -> None
 
 def test_hosts_disagreeing_on_major_minor_get_one_line_naming_them() -> None:
     line = nccl_skew(
-        {
-            "node-c": v("2.26.2"),
-            "node-a": v("2.21.5"),
-            "cpu": None,
-            "node-b": v("2.21.1"),
-        }
+        {"node-c": v("2.26.2"), "node-a": v("2.21.5"), "cpu": None, "node-b": v("2.21.1")}
     )
     assert line == (
         "NCCL differs across hosts: 2.21 (node-a, node-b), 2.26 (node-c): a DDP job across "

@@ -48,9 +48,7 @@ def test_a_process_group_that_cannot_be_killed_is_named() -> None:
         build.wait()
 
 
-def test_a_daemon_that_cannot_list_the_containers_is_named(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_daemon_that_cannot_list_the_containers_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """No answer is not "nothing to remove": the run's containers may still run."""
     from fdl_tasks.build.docker_tools import remove_containers
 

@@ -15,11 +15,7 @@ from fdl_tasks.core.binary_files import file_sha256, required_glibc
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.launch import check_envelopes, launch_line
 from fdl_tasks.publish.envelope import PerHostEnvelope
-from fdl_tasks.publish.verification import (
-    copy_problems,
-    parse_verification,
-    verification_script,
-)
+from fdl_tasks.publish.verification import copy_problems, parse_verification, verification_script
 from fdl_tasks.ssh.sshconfig import ssh_config_block
 
 

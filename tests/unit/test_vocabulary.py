@@ -30,7 +30,7 @@ PAGE = ROOT / "docs" / "architecture.md"
 PACKAGE = ROOT / "fdl_tasks"
 #: Type names two modules define, each with why; any other is a second meaning of a word.
 SHARED_TYPE_NAMES: dict[str, str] = {
-    "Answers": "gpu_probe's Protocol is ssh.answers' class as the gpu layer, below it, sees it",
+    "Answers": "gpu_probe's Protocol is ssh.answers' class as the gpu layer, below it, sees it"
 }
 
 _MODULE = re.compile(r"`([\w/<>]+\.py)`(?:\s*\(([^)]*)\))?")

@@ -198,10 +198,7 @@ def base_cluster(root: str = "/srv/proj") -> dict[str, Any]:
 
 
 def one_worker(
-    path: str,
-    label: str = "node-a",
-    arch: str | None = "precompiled/cu128",
-    **extra: Any,
+    path: str, label: str = "node-a", arch: str | None = "precompiled/cu128", **extra: Any
 ) -> dict[str, Any]:
     worker: dict[str, Any] = {"host": label, "path": path, **extra}
     if arch is not None:

@@ -105,8 +105,7 @@ FIELDS: dict[str, Field] = {
     ),
     "env['K']": Field(lambda d, v: d.__setitem__("env", {"K": v}), lambda c: c.env["K"]),
     "workers[0].ssh.options[0]": Field(
-        lambda d, v: _w(d)["ssh"].__setitem__("options", [v]),
-        lambda c: c.workers[0].ssh.options[0],
+        lambda d, v: _w(d)["ssh"].__setitem__("options", [v]), lambda c: c.workers[0].ssh.options[0]
     ),
     "workers[0].ssh.target": Field(
         lambda d, v: _w(d)["ssh"].__setitem__("target", v), lambda c: c.workers[0].ssh.target

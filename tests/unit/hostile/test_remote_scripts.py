@@ -120,8 +120,7 @@ def test_probe_ldds_each_variant_library_of_the_hostile_path_and_nothing_else(
     with sandbox(recorders) as box:
         path = box.path(suffix)
         cluster = load(
-            {"controller": {"path": "/p"}, "workers": [one_worker(path, arch=arch)]},
-            "workers[0].",
+            {"controller": {"path": "/p"}, "workers": [one_worker(path, arch=arch)]}, "workers[0]."
         )
         if cluster is None:
             reject()  # refused cleanly (checked): draw an example that reaches the shell
@@ -155,8 +154,7 @@ def test_probe_reads_nccl_under_the_hostile_path_and_nothing_else(
         path = box.path(suffix)
         arch = "precompiled/cu128"
         cluster = load(
-            {"controller": {"path": "/p"}, "workers": [one_worker(path, arch=arch)]},
-            "workers[0].",
+            {"controller": {"path": "/p"}, "workers": [one_worker(path, arch=arch)]}, "workers[0]."
         )
         if cluster is None:
             reject()

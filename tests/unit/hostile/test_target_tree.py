@@ -22,10 +22,7 @@ from tests.unit.hostile.conftest import arches, commands, labels, load, one_work
 
 
 @settings(max_examples=400, deadline=None)
-@given(
-    hosts=st.lists(st.tuples(labels, arches), min_size=1, max_size=3),
-    command=commands,
-)
+@given(hosts=st.lists(st.tuples(labels, arches), min_size=1, max_size=3), command=commands)
 @example(hosts=[("a..", "x/..y"), ("a.", "x-..y")], command="x")
 @example(hosts=[("..", "x")], command="x")
 @example(hosts=[("a", "../../x")], command="x")
