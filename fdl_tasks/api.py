@@ -110,13 +110,7 @@ def recorded_prebuild(run: Run, command: str, crate: str) -> pipeline.Publicatio
 
 
 def verdict_of(verdict: probe.HostVerdict) -> Verdict:
-    return Verdict(
-        host=verdict.host,
-        status=verdict.status,
-        errors=verdict.errors,
-        warnings=verdict.warnings,
-        notes=verdict.notes,
-    )
+    return Verdict(**{field.name: getattr(verdict, field.name) for field in attrs.fields(Verdict)})
 
 
 def published_of(run: Run, published: pipeline.Publication) -> Published:

@@ -25,7 +25,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict, TypeVar
 
-import attrs
 import yaml
 from invoke.config import AmbiguousMergeError, Config
 from invoke.context import Context
@@ -95,23 +94,11 @@ class FdlTask(Task[Any]):
         return arguments
 
 
-@attrs.frozen
-class ClusterChoice:
+class ClusterChoice(TypedDict):
     """The options every task takes: the cluster file (and flodl env) to read, and which of
-    its hosts this machine is. A task body's ``where`` parameter is these three flags."""
+    its hosts this machine is, as :meth:`~fdl_tasks.config.run.Run.start`'s keywords. A task
+    body's ``where`` parameter is these three flags."""
 
-    cluster_file: str | None = None
-    env: str | None = None
-    controller_host: str | None = None
-
-    def options(self) -> ChoiceKeywords:
-        """As :meth:`Run.start <fdl_tasks.config.run.Run.start>`'s keywords."""
-        return ChoiceKeywords(
-            cluster_file=self.cluster_file, env=self.env, controller_host=self.controller_host
-        )
-
-
-class ChoiceKeywords(TypedDict):
     cluster_file: str | None
     env: str | None
     controller_host: str | None
@@ -157,7 +144,7 @@ def with_cluster_choice(body: F) -> F:
     """``body`` as Invoke sees a task taking ``--cluster-file``, ``--env`` and
     ``--controller-host``, called with them packed into its ``where``."""
     signature = inspect.signature(body)
-    names = [field.name for field in attrs.fields(ClusterChoice)]
+    names = list(ClusterChoice.__annotations__)
     flags = [
         inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for n in names
     ]
@@ -165,7 +152,7 @@ def with_cluster_choice(body: F) -> F:
 
     @functools.wraps(body)
     def wrapper(c: Context, **kwargs: Any) -> Any:
-        where = ClusterChoice(**{n: kwargs.pop(n, None) for n in names})
+        where = ClusterChoice(**{n: kwargs.pop(n, None) for n in names})  # type: ignore[typeddict-item]
         return body(c, where=where, **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=[context, *flags, *rest])  # type: ignore[attr-defined]

@@ -43,7 +43,7 @@ def preflight(
     json: bool = False,
 ) -> None:
     """Probe every host (ssh, in parallel) for readiness before any build."""
-    run = Run.start(c, **where.options(), verbose=verbose or None, label="preflight")
+    run = Run.start(c, **where, verbose=verbose or None, label="preflight")
     pipeline.preflight(run, abi=not no_prebuild, as_json=json)
 
 
@@ -69,7 +69,7 @@ def build_host(
     if not host:
         raise FdlError("--host is required: the label of the worker to build for")
     command = require_command(cmd)
-    options: dict[str, Any] = {**where.options(), "verbose": verbose or None}
+    options: dict[str, Any] = {**where, "verbose": verbose or None}
     run = Run.start(
         c, **options, compile_cache=off(no_cache), timings=timings or None, label="build-host"
     )
@@ -120,7 +120,7 @@ def prebuild(
 ) -> None:
     """Preflight, then build CMD once per remote build environment and publish its envelope."""
     command = require_command(cmd)
-    options: dict[str, Any] = {**where.options(), "verbose": verbose or None}
+    options: dict[str, Any] = {**where, "verbose": verbose or None}
     if no_prebuild:
         pipeline.preflight(Run.start(c, **options), abi=False)
         return
@@ -178,7 +178,7 @@ def launch(
     """Run the prebuilt CMD (arguments after --) through flodl's launcher, or directly."""
     command = require_command(cmd)
     verbosity = verbose or None
-    run = Run.start(c, **where.options(), launcher=launcher, verbose=verbosity, label="launch")
+    run = Run.start(c, **where, launcher=launcher, verbose=verbosity, label="launch")
     launch_on_workers(run, command, _remainder_args(), stale_ok=stale_ok)
 
 
@@ -191,14 +191,14 @@ def launch(
 )
 def clean(c: Context, where: ClusterChoice, dry: bool = False, all: bool = False) -> None:
     """Remove target dirs under target/cluster/ that no current host, variant or image uses."""
-    run = Run.start(c, **where.options(), label="clean", workers_needed=False)
+    run = Run.start(c, **where, label="clean", workers_needed=False)
     clean_target_tree(run, list_only=dry or run.dry, everything=all)
 
 
 @fdl_task(help={"host": "one copy host's label (default: every worker with delivery: copy)"})
 def push_libtorch(c: Context, where: ClusterChoice, host: str | None = None) -> None:
     """Put each copy host's libtorch variant at <path>/libtorch/<arch>: changed files only."""
-    run = Run.start(c, **where.options(), label="push-libtorch")
+    run = Run.start(c, **where, label="push-libtorch")
     workers = [w for w in run.remotes if w.delivery == "copy"]
     if host:
         chosen = run.cluster.worker(host)
