@@ -78,18 +78,16 @@ def check_requirement(value: object) -> Requirement:
         ) from None
 
 
-def check_error_or_warn(value: object) -> str:
-    if isinstance(value, str) and value.lower() in ("error", "warn"):
-        return value.lower()
-    raise InvalidValue(f"must be error or warn, got {quote(value)}")
+def one_of(*words: str) -> Callable[[object], str]:
+    """The check of a setting that is one of ``words``, in any case."""
+    said = f"{', '.join(words[:-1])} or {words[-1]}"
 
+    def check(value: object) -> str:
+        if isinstance(value, str) and value.lower() in words:
+            return value.lower()
+        raise InvalidValue(f"must be {said}, got {quote(value)}")
 
-def check_launcher(value: object) -> Launcher:
-    if isinstance(value, str) and value.lower() in LAUNCHERS:
-        return value.lower()
-    raise InvalidValue(
-        f"must be {', '.join(LAUNCHERS[:-1])} or {LAUNCHERS[-1]}, got {quote(value)}"
-    )
+    return check
 
 
 def check_cache_size(value: object) -> Size:
@@ -112,7 +110,7 @@ SETTING_CHECKS: dict[Any, Callable[[object], object]] = {
     Switch: check_switch,
     Size: check_cache_size,
     Requirement: check_requirement,
-    LoginErrors: check_error_or_warn,
-    NcclMismatch: check_error_or_warn,
-    Launcher: check_launcher,
+    LoginErrors: one_of("error", "warn"),
+    NcclMismatch: one_of("error", "warn"),
+    Launcher: one_of(*LAUNCHERS),
 }

@@ -35,7 +35,6 @@ from fdl_tasks.config.model import (
 )
 from fdl_tasks.config.names import split_ssh_option
 from fdl_tasks.config.variants import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, Cuda
-from fdl_tasks.core.errors import matched
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ARCH_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -90,12 +89,16 @@ def kind_of(value: object) -> str:
     return f"{names.get(type(value), type(value).__name__)} ({quote(value)})"
 
 
+def passing(value: object, test: Callable[[str], object], what: str, rule: str) -> str:
+    """Text that passes ``test``; else ``<what> '<value>' <rule>``."""
+    if not test(text := check_text(value)):
+        raise InvalidValue(" ".join(filter(None, (what, quote(text), rule))))
+    return text
+
+
 def matching(value: object, pattern: re.Pattern[str], what: str, rule: str) -> str:
     """Text that ``pattern`` matches whole; else ``<what> '<value>' <rule>``."""
-    text = check_text(value)
-    return matched(
-        pattern, text, lambda: InvalidValue(" ".join(filter(None, (what, quote(text), rule))))
-    )
+    return passing(value, pattern.fullmatch, what, rule)
 
 
 def check_label(value: object) -> HostLabel:
@@ -111,15 +114,13 @@ def check_label(value: object) -> HostLabel:
 
 def check_arch(value: object) -> Arch:
     """An arch is a relative path under ``libtorch/`` that cannot escape it."""
-    text = check_text(value)
-    segments = text.split("/")
-    if text.startswith("/") or not all(_ARCH_SEGMENT.fullmatch(s) for s in segments):
-        raise InvalidValue(
-            f"arch {quote(text)} must be a relative path under libtorch/ such as "
-            "'precompiled/cu128' or 'builds/sm61-sm120' (no '..', no empty or "
-            "absolute segments)"
-        )
-    return text
+    return passing(
+        value,
+        lambda text: all(_ARCH_SEGMENT.fullmatch(s) for s in text.split("/")),
+        "arch",
+        "must be a relative path under libtorch/ such as 'precompiled/cu128' or "
+        "'builds/sm61-sm120' (no '..', no empty or absolute segments)",
+    )
 
 
 def check_abs_path(value: object) -> AbsPath:
@@ -134,21 +135,25 @@ def check_abs_path(value: object) -> AbsPath:
 
 def check_image(value: object) -> str:
     """An image name, whose only template fields are ``{cuda_version}`` and ``{cuda_tag}``."""
-    text = check_text(value)
+    rule = (
+        "must be an image name such as 'flodl-cuda:{cuda_tag}': no spaces, no leading '-', "
+        "and no template fields but {cuda_version} and {cuda_tag}"
+    )
+    return passing(value, _is_image, "image", rule)
+
+
+def _is_image(text: str) -> bool:
     bare = text.replace(CUDA_VERSION_FIELD, "").replace(CUDA_TAG_FIELD, "")
-    if not text or text.startswith("-") or any(c in bare for c in "{} \t"):
-        raise InvalidValue(
-            f"image {quote(text)} must be an image name such as 'flodl-cuda:{{cuda_tag}}': no "
-            "spaces, no leading '-', and no template fields but {cuda_version} and {cuda_tag}"
-        )
-    return text
+    return bool(text) and not text.startswith("-") and not any(c in bare for c in "{} \t")
+
+
+def _is_word(text: str) -> bool:
+    """One word that is not an option: not empty, no ``-`` first, no white space."""
+    return bool(text) and not text.startswith("-") and not any(c.isspace() for c in text)
 
 
 def check_cuda_release(value: object) -> CudaRelease:
-    text = check_text(value)
-    if Cuda.parse(text) is None:
-        raise InvalidValue(f"CUDA version {quote(text)} must look like '12.8' or '12.6.3'")
-    return text
+    return passing(value, Cuda.parse, "CUDA version", "must look like '12.8' or '12.6.3'")
 
 
 def check_mount_path(value: object) -> str:
@@ -163,13 +168,12 @@ def check_env_name(value: object) -> EnvName:
 
 def check_launch_env_name(value: object) -> LaunchEnvName:
     """A cluster or worker ``env`` key; the ones flodl's launcher sets per rank are refused."""
-    text = check_env_name(value)
-    if text in LAUNCHER_OWNED or text.startswith(LAUNCHER_OWNED_PREFIX):
-        raise InvalidValue(
-            f"{quote(text)} is reserved (the launcher sets it for each rank) and cannot be "
-            "set through env"
-        )
-    return text
+    return passing(
+        check_env_name(value),
+        lambda text: text not in LAUNCHER_OWNED and not text.startswith(LAUNCHER_OWNED_PREFIX),
+        "",
+        "is reserved (the launcher sets it for each rank) and cannot be set through env",
+    )
 
 
 def check_service(value: object) -> ServiceName:
@@ -208,13 +212,8 @@ def check_rust_target(value: object) -> RustTarget:
 
 def check_program(value: object) -> Program:
     """A linker or compiler: a command name or an absolute path, one word."""
-    text = check_text(value)
-    if not text or text.startswith("-") or any(c.isspace() for c in text):
-        raise InvalidValue(
-            f"program {quote(text)} must be one word, a command name or an absolute path "
-            "(e.g. 'aarch64-linux-gnu-gcc')"
-        )
-    return text
+    rule = "must be one word, a command name or an absolute path (e.g. 'aarch64-linux-gnu-gcc')"
+    return passing(value, _is_word, "program", rule)
 
 
 def check_env_value(value: object) -> EnvValue:
@@ -237,12 +236,8 @@ def check_port(value: object) -> Port:
 
 def check_ssh_option(value: object) -> SshOption:
     """ssh_config style: ``Key=Value`` or ``Key Value``, as after ``ssh -o``."""
-    text = check_text(value)
-    if split_ssh_option(text) is None:
-        raise InvalidValue(
-            f"ssh option {quote(text)} must look like 'Key=Value' (e.g. 'ProxyJump=bastion')"
-        )
-    return text
+    rule = "must look like 'Key=Value' (e.g. 'ProxyJump=bastion')"
+    return passing(value, split_ssh_option, "ssh option", rule)
 
 
 def check_feature(value: object) -> CargoFeature:
@@ -252,10 +247,8 @@ def check_feature(value: object) -> CargoFeature:
 
 def check_gpu_vendor(value: object) -> GpuVendorName:
     """A key of ``controller.gpu_builds``: the GPU vendors flodl builds for."""
-    text = check_text(value)
-    if text not in ("nvidia", "amd"):
-        raise InvalidValue(f"GPU vendor {quote(text)} must be 'nvidia' or 'amd'")
-    return text
+    rule = "must be 'nvidia' or 'amd'"
+    return passing(value, ("nvidia", "amd").__contains__, "GPU vendor", rule)
 
 
 def check_delivery_mode(value: object) -> DeliveryMode:
