@@ -15,7 +15,7 @@ import contextlib
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from types import FrameType
 
@@ -41,38 +41,34 @@ def owns_signals() -> bool:
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops a prebuild exactly like Ctrl-C does; outside a task's main thread,
-    SIGTERM stays the program's (:func:`owns_signals`)."""
+def _handling(
+    signums: Iterable[int], handler: Callable[[int, FrameType | None], object]
+) -> Iterator[None]:
+    """Inside: ``handler`` takes each of ``signums``, the previous handlers restored after;
+    outside a task's main thread (:func:`owns_signals`) the signals stay the program's."""
     if not owns_signals():
         yield
         return
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, earlier in previous.items():
+            signal.signal(signum, earlier)
+
+
+def sigterm_as_interrupt() -> contextlib.AbstractContextManager[None]:
+    """SIGTERM stops a prebuild exactly like Ctrl-C does; outside a task's main thread,
+    SIGTERM stays the program's (:func:`owns_signals`)."""
 
     def interrupt(_signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return _handling((signal.SIGTERM,), interrupt)
 
 
-@contextlib.contextmanager
-def forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
+def forwarding_signals(process: subprocess.Popen[bytes]) -> contextlib.AbstractContextManager[None]:
     """Each stop this process gets is passed on to ``process``, once (it runs in a process
     group of its own, so the terminal's Ctrl-C reaches it only through here); the program
     decides how to stop. Outside a task's main thread (:func:`owns_signals`), nothing is."""
-    if not owns_signals():
-        yield
-        return
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        process.send_signal(signum)
-
-    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    return _handling(FORWARDED, lambda signum, _frame: process.send_signal(signum))
