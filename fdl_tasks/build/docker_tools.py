@@ -163,11 +163,8 @@ def _missing_networks(project: str, networks: set[str]) -> set[str]:
     import docker as docker_sdk
 
     try:
-        client = _docker_client()
-        try:
+        with contextlib.closing(_docker_client()) as client:
             found = client.networks.list(filters={"label": f"{COMPOSE_PROJECT_LABEL}={project}"})
-        finally:
-            client.close()
     except docker_sdk.errors.DockerException:
         return networks
     return networks - {(n.attrs.get("Labels") or {}).get(COMPOSE_NETWORK_LABEL) for n in found}
