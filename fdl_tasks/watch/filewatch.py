@@ -68,8 +68,21 @@ class FileWatch:
 
     def _add(self, target: Callable[..., None], args: tuple[object, ...]) -> None:
         ready = threading.Event()
-        thread = threading.Thread(target=target, args=(*args, ready), daemon=True, name="fdl-watch")
+        body = (target, (*args, ready), ready)
+        thread = threading.Thread(target=self._guarded, args=body, daemon=True, name="fdl-watch")
         self._threads.append((thread, ready))
+
+    def _guarded(
+        self, target: Callable[..., None], args: tuple[object, ...], ready: threading.Event
+    ) -> None:
+        """A thread's body: its end (not asked for) goes to ``failed``, ready set by then."""
+        try:
+            target(*args)
+        except Exception as exc:
+            if not self._stop.is_set():
+                self._failed(exc)
+        finally:
+            ready.set()
 
     def start(self) -> FileWatch:
         for thread, _ in self._threads:
@@ -81,36 +94,24 @@ class FileWatch:
             ready.wait(_READY_TIMEOUT)
 
     def _notify(self, paths: Sequence[str], recursive: bool, ready: threading.Event) -> None:
-        try:
-            with RustNotify(list(paths), False, False, POLL_MS, recursive, True) as notify:
-                ready.set()
-                while not self._stop.is_set():
-                    raw = notify.watch(_GROUP_MS, _STEP_MS, 1000, self._stop)
-                    if raw == "stop":
-                        return
-                    if isinstance(raw, set) and raw:
-                        self._receive({(watchfiles.Change(c), path) for c, path in raw})
-        except Exception as exc:
-            if not self._stop.is_set():
-                self._failed(exc)
-        finally:
+        with RustNotify(list(paths), False, False, POLL_MS, recursive, True) as notify:
             ready.set()
+            while not self._stop.is_set():
+                raw = notify.watch(_GROUP_MS, _STEP_MS, 1000, self._stop)
+                if raw == "stop":
+                    return
+                if isinstance(raw, set) and raw:
+                    self._receive({(watchfiles.Change(c), path) for c, path in raw})
 
     def _poll(self, ready: threading.Event) -> None:
-        try:
-            last = settled(self._look(self.plan, None))
-            ready.set()
-            while not self._stop.wait(POLL_MS / 1000):
-                now = self._look(self.plan, last)
-                changes = diff(last, now)
-                last = settled(now)
-                if changes:
-                    self._receive(changes)
-        except Exception as exc:
-            if not self._stop.is_set():
-                self._failed(exc)
-        finally:
-            ready.set()
+        last = settled(self._look(self.plan, None))
+        ready.set()
+        while not self._stop.wait(POLL_MS / 1000):
+            now = self._look(self.plan, last)
+            changes = diff(last, now)
+            last = settled(now)
+            if changes:
+                self._receive(changes)
 
     def stop(self) -> None:
         self._stop.set()
