@@ -46,9 +46,10 @@ class Verification:
     problems: tuple[str, ...]
     refused: Mapping[str, Failure] = attrs.field(factory=dict)
 
-    def summary(self) -> str:
-        """``2 verified, 1 not verified: node-c (unreachable: …)`` — never more than is true."""
-        text = f"{len(self.verified)} host(s) verified (same bytes, every library resolves)"
+    def summary(self, meaning: str = " (same bytes, every library resolves)") -> str:
+        """``2 verified, 1 not verified: node-c (unreachable: …)`` — never more than is true;
+        ``meaning``: what verified means, said after the count."""
+        text = f"{len(self.verified)} host(s) verified{meaning}"
         if self.unverified:
             text += f", {len(self.unverified)} not verified: " + "; ".join(
                 f"{host} ({why})" for host, why in sorted(self.unverified.items())

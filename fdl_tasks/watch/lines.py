@@ -65,12 +65,7 @@ def verified_text(verification: Verification | None) -> str:
     """A cycle's verification in a few words (``None``: verification was off)."""
     if verification is None:
         return "verification off (--no-verify)"
-    text = f"{len(verification.verified)} host(s) verified"
-    if verification.unverified:
-        text += f", {len(verification.unverified)} not verified: " + "; ".join(
-            f"{host} ({why})" for host, why in sorted(verification.unverified.items())
-        )
-    return text
+    return verification.summary(meaning="")
 
 
 def failed_line(number: int, seconds: float, what: str) -> str:
