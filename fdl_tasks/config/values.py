@@ -103,13 +103,11 @@ def matching(value: object, pattern: re.Pattern[str], what: str, rule: str) -> s
 
 def check_label(value: object) -> HostLabel:
     """A host label is a path segment: letters, digits, ``.``, ``_``, ``-``."""
-    return matching(
-        value,
-        _LABEL,
-        "host label",
+    rule = (
         "must start with a letter or digit and hold only letters, digits, '.', '_' and '-' "
-        "(it becomes a directory name)",
+        "(it becomes a directory name)"
     )
+    return matching(value, _LABEL, "host label", rule)
 
 
 def check_arch(value: object) -> Arch:
@@ -177,12 +175,8 @@ def check_launch_env_name(value: object) -> LaunchEnvName:
 
 
 def check_service(value: object) -> ServiceName:
-    return matching(
-        value,
-        _SERVICE,
-        "compose service",
-        "must be a service name of the project's docker compose file, such as 'cuda'",
-    )
+    rule = "must be a service name of the project's docker compose file, such as 'cuda'"
+    return matching(value, _SERVICE, "compose service", rule)
 
 
 def check_ram_share(value: object) -> RamShare:
@@ -197,12 +191,8 @@ def check_ram_share(value: object) -> RamShare:
 
 
 def check_cpu_arch(value: object) -> CpuArch:
-    return matching(
-        value,
-        _MACHINE,
-        "CPU architecture",
-        "must be a name as 'uname -m' prints it, such as 'x86_64' or 'aarch64'",
-    )
+    rule = "must be a name as 'uname -m' prints it, such as 'x86_64' or 'aarch64'"
+    return matching(value, _MACHINE, "CPU architecture", rule)
 
 
 def check_rust_target(value: object) -> RustTarget:
