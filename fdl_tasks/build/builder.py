@@ -139,12 +139,8 @@ class Builder:
         started = time.monotonic()
         lib = Path(libtorch_dir(str(self.root), job.build.arch)) / "lib"
         if not lib.is_dir():
-            result = JobResult(
-                job=job,
-                ok=False,
-                seconds=0.0,
-                detail=f"libtorch not found: {lib} is not a directory",
-            )
+            detail = f"libtorch not found: {lib} is not a directory"
+            result = JobResult(job=job, ok=False, seconds=0.0, detail=detail)
         else:
             self.board.started(job.name)
             try:
@@ -224,13 +220,9 @@ class Builder:
             tail = log_tail(log_path)
             if "No space left on device" in tail:
                 problem += f": the disk holding {self.root / job.target_dir} is full"
+            code = None if expired.is_set() else exit_code
             return JobResult(
-                job=job,
-                ok=False,
-                seconds=seconds,
-                detail=problem,
-                exit_code=None if expired.is_set() else exit_code,
-                log_tail=tail,
+                job=job, ok=False, seconds=seconds, detail=problem, exit_code=code, log_tail=tail
             )
         if self.records and check:
             self.records.record(job, check)
