@@ -131,15 +131,6 @@ def check_abs_path(value: object) -> AbsPath:
     return text
 
 
-def check_image(value: object) -> str:
-    """An image name, whose only template fields are ``{cuda_version}`` and ``{cuda_tag}``."""
-    rule = (
-        "must be an image name such as 'flodl-cuda:{cuda_tag}': no spaces, no leading '-', "
-        "and no template fields but {cuda_version} and {cuda_tag}"
-    )
-    return passing(value, _is_image, "image", rule)
-
-
 def _is_image(text: str) -> bool:
     bare = text.replace(CUDA_VERSION_FIELD, "").replace(CUDA_TAG_FIELD, "")
     return bool(text) and not text.startswith("-") and not any(c in bare for c in "{} \t")
@@ -148,6 +139,18 @@ def _is_image(text: str) -> bool:
 def _is_word(text: str) -> bool:
     """One word that is not an option: not empty, no ``-`` first, no white space."""
     return bool(text) and not text.startswith("-") and not any(c.isspace() for c in text)
+
+
+#: What :func:`check_image` says of a bad image name.
+IMAGE_RULE = (
+    "must be an image name such as 'flodl-cuda:{cuda_tag}': no spaces, no leading '-', "
+    "and no template fields but {cuda_version} and {cuda_tag}"
+)
+
+
+def check_image(value: object) -> str:
+    """An image name, whose only template fields are ``{cuda_version}`` and ``{cuda_tag}``."""
+    return passing(value, _is_image, "image", IMAGE_RULE)
 
 
 def check_cuda_release(value: object) -> CudaRelease:
