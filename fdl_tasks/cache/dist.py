@@ -28,7 +28,7 @@ import urllib.parse
 import attrs
 
 from fdl_tasks.config.values import InvalidValue
-from fdl_tasks.core.errors import matched
+from fdl_tasks.core.errors import passed
 
 #: What an HTTP header value can carry: visible ASCII (a token is one such word).
 _TOKEN = re.compile(r"[\x21-\x7e]+")
@@ -42,9 +42,9 @@ def check_token(token: str, where: str) -> str:
     token = token.strip()
     if not token:
         raise InvalidValue(f"{where} holds no token")
-    return matched(
-        _TOKEN,
+    return passed(
         token,
+        _TOKEN.fullmatch,
         lambda: InvalidValue(
             f"{where} holds characters a token cannot carry: a token is one word of "
             "visible ASCII, such as what 'sccache-dist auth generate-shared-token' prints"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fdl_tasks.config.values import quote
-from fdl_tasks.core.errors import FdlError, matched
+from fdl_tasks.core.errors import FdlError, passed
 
 #: The base file's names, in flodl's order of preference.
 BASE_NAMES = ("fdl.yaml", "fdl.yml", "fdl.json")
@@ -56,7 +56,7 @@ def is_layer(path: Path) -> bool:
 def check_env(env: str) -> str:
     rule = "letters, digits, '.', '_' and '-'"
     why = f"env {quote(env)} is not a name flodl can load (fdl.<env>.yml): {rule}"
-    return matched(_ENV_NAME, env, lambda: FdlError(why))
+    return passed(env, _ENV_NAME.fullmatch, lambda: FdlError(why))
 
 
 def first_existing(

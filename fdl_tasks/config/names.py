@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from fdl_tasks.config.model import Cluster, Worker
-from fdl_tasks.core.errors import FdlError, matched
+from fdl_tasks.core.errors import FdlError, passed
 
 #: Environment variable that names the controller's host label.
 HOST_NAME_ENV = "FLODL_HOST_NAME"
@@ -28,9 +28,9 @@ def split_ssh_option(option: str) -> tuple[str, str] | None:
 
 def check_command(name: str) -> str:
     """The command is cargo's ``--bin`` name and a file name on every host."""
-    return matched(
-        _COMMAND,
+    return passed(
         name,
+        _COMMAND.fullmatch,
         lambda: FdlError(
             f"command {name!r} is not a valid binary name: use letters, digits, '_' "
             "and '-' (it is passed to cargo as --bin and becomes a file name)"

@@ -35,6 +35,7 @@ from fdl_tasks.config.model import (
 )
 from fdl_tasks.config.names import split_ssh_option
 from fdl_tasks.config.variants import CUDA_TAG_FIELD, CUDA_VERSION_FIELD, Cuda
+from fdl_tasks.core.errors import passed
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ARCH_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -91,9 +92,10 @@ def kind_of(value: object) -> str:
 
 def passing(value: object, test: Callable[[str], object], what: str, rule: str) -> str:
     """Text that passes ``test``; else ``<what> '<value>' <rule>``."""
-    if not test(text := check_text(value)):
-        raise InvalidValue(" ".join(filter(None, (what, quote(text), rule))))
-    return text
+    text = check_text(value)
+    return passed(
+        text, test, lambda: InvalidValue(" ".join(filter(None, (what, quote(text), rule))))
+    )
 
 
 def matching(value: object, pattern: re.Pattern[str], what: str, rule: str) -> str:

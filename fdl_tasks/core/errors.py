@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 
@@ -59,8 +58,9 @@ class ProgramExited(Exception):
         self.code = code
 
 
-def matched(pattern: re.Pattern[str], text: str, error: Callable[[], Exception]) -> str:
-    """``text`` when ``pattern`` matches it whole; else ``error()``, raised."""
-    if not pattern.fullmatch(text):
+def passed(text: str, test: Callable[[str], object], error: Callable[[], Exception]) -> str:
+    """``text`` when it passes ``test`` (a pattern's ``fullmatch``, say); else ``error()``,
+    raised: the one shape of every "check, then say why" of a text."""
+    if not test(text):
         raise error()
     return text
