@@ -117,6 +117,8 @@ SHARED_HELP = {
     "a Cargo.toml, else the project root)",
     "no-cache": "build without the compile cache (sccache): no compiled crate is shared "
     "between target dirs; each still rebuilds only what changed (cargo's fingerprints)",
+    "no-warm": "a new container per docker build (docker run --rm), as before warm build "
+    "containers (default: fdl.warm_containers)",
     "verbose": "every note, also those an earlier run said already (default: fdl.verbose)",
     "timings": "write an HTML timeline of the run (with cargo's --timings report of each "
     "build) under target/cluster/_timings/ (default: fdl.timings)",

@@ -61,6 +61,7 @@ def build_host(
     cmd: str | None = None,
     crate_dir: str | None = None,
     no_cache: bool = False,
+    no_warm: bool = False,
     timings: bool = False,
     verbose: bool = False,
     json: bool = False,
@@ -71,7 +72,12 @@ def build_host(
     command = require_command(cmd)
     options: dict[str, Any] = {**where, "verbose": verbose or None}
     run = Run.start(
-        c, **options, compile_cache=off(no_cache), timings=timings or None, label="build-host"
+        c,
+        **options,
+        compile_cache=off(no_cache),
+        warm_containers=off(no_warm),
+        timings=timings or None,
+        label="build-host",
     )
     worker = run.cluster.worker(host)
     if worker.host == run.controller:
@@ -113,6 +119,7 @@ def prebuild(
     require_verified: bool = False,
     timeout: int = 0,
     no_cache: bool = False,
+    no_warm: bool = False,
     timings: bool = False,
     watch: bool = False,
     verbose: bool = False,
@@ -131,6 +138,7 @@ def prebuild(
         "verify": off(no_verify),
         "require_verified": require_verified or None,
         "compile_cache": off(no_cache),
+        "warm_containers": off(no_warm),
         "timings": timings or None,
     }
     run, crate = start_build(c, command, crate_dir, **options)

@@ -21,6 +21,7 @@ from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_order import concurrency, order_text
 from fdl_tasks.build.build_record_io import Records
 from fdl_tasks.build.builder import Builder, JobResult
+from fdl_tasks.build.warm_containers_io import run_warm
 from fdl_tasks.cache.compile_cache import CompileCache, find_cache, open_cache
 from fdl_tasks.config.layout import CARGO_TIMINGS_DIR, TIMINGS_DIR
 from fdl_tasks.config.names import join_path
@@ -104,9 +105,9 @@ def say_cache(run: Run, cache: CompileCache | None) -> None:
 
 
 def run_backend(run: Run) -> Backend:
-    """The run's backend, made once with the run's constants: a new run id and the
-    compile cache (opened here, before preflight)."""
-    return backend_for(run.cluster, secrets.token_hex(4), compile_cache(run))
+    """The run's backend, made once with the run's constants: a new run id, the
+    compile cache (opened here, before preflight) and its warm build containers."""
+    return backend_for(run.cluster, secrets.token_hex(4), compile_cache(run), run_warm(run))
 
 
 def build_records(run: Run, backend: Backend) -> Records | None:

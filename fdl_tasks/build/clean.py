@@ -16,13 +16,15 @@ from pathlib import Path
 
 from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_plan import live_target_dirs
+from fdl_tasks.build.warm_containers_io import remove_project_containers
 from fdl_tasks.config.installed_variants import expand_auto
 from fdl_tasks.config.layout import CLUSTER_TARGET, LOCK_FILE, OWN_ENTRIES, WATCH_DIR, stale_dirs
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.setting_values import size_bytes
 from fdl_tasks.core.console import format_table
-from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.errors import FdlError, LeftRunning
 from fdl_tasks.core.locks import FileLock
+from fdl_tasks.core.reporting import Severity
 
 
 def tree_entries(tree: Path) -> list[str]:
@@ -82,6 +84,8 @@ def clean_target_tree(run: Run, *, list_only: bool, everything: bool) -> None:
     """Remove (or only list) stale entries, each with its size, and the total."""
     tree = run.root / CLUSTER_TARGET
     with no_prebuild_running(run.root / LOCK_FILE):
+        if not list_only:
+            clean_warm(run)
         if everything:  # envelopes too (they would name removed binaries); a watcher's own
             names = [p.name for p in sorted(tree.iterdir())] if tree.is_dir() else []
             kept = {Path(LOCK_FILE).name, Path(WATCH_DIR).name}  # lock and state: never
@@ -107,6 +111,23 @@ def clean_target_tree(run: Run, *, list_only: bool, everything: bool) -> None:
             else:
                 path.unlink(missing_ok=True)
         run.say(f"removed {len(chosen)} entries, {total} freed")
+
+
+def remove_warm(run: Run) -> list[str]:
+    """The project's warm build containers removed (in a mode that has containers); what
+    could not be, each a line naming it and the command that removes it."""
+    if backend_for(run.cluster).mode == "native":
+        return []
+    return remove_project_containers(str(run.root))
+
+
+def clean_warm(run: Run) -> None:
+    """``inv clean``: no warm build container of the project kept."""
+    left = remove_warm(run)
+    for line in left:
+        run.say(f"warning: {line}", Severity.WARNING)
+    if left:
+        raise LeftRunning("not every warm build container could be removed:\n" + "\n".join(left))
 
 
 def stale_warning(run: Run) -> None:

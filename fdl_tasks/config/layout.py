@@ -8,6 +8,7 @@ Pure logic. The tree, relative to the project root::
       _envelopes/<command>.json            the published envelope of each command
       _envelopes/<command>.sources.json    its sidecar: the tree each host's binary was built from
       _watch/                              ``prebuild --watch`` state
+      _warm/<job>                          the warm build container each job used last
       _timings/<command>-<started>.html    ``--timings`` pages, the last few per command
       _prebuild.lock                       one prebuild (or clean) per project at a time
 
@@ -39,6 +40,8 @@ SHARED_DIR = f"{CLUSTER_TARGET}/_shared"
 ENVELOPES_DIR = f"{CLUSTER_TARGET}/_envelopes"
 #: ``prebuild --watch`` keeps its state here.
 WATCH_DIR = f"{CLUSTER_TARGET}/_watch"
+#: Which warm build container each job used last, and when (its file's time).
+WARM_DIR = f"{CLUSTER_TARGET}/_warm"
 #: ``--timings`` pages, one per run (or watch cycle).
 TIMINGS_DIR = f"{CLUSTER_TARGET}/_timings"
 #: Where cargo's own ``--timings`` writes its reports, inside a target dir.
@@ -49,7 +52,7 @@ LOCK_FILE = f"{CLUSTER_TARGET}/_prebuild.lock"
 MARKER_FILE = ".fdl-build.json"
 #: Entries of ``target/cluster/`` that are the tool's own, not target dirs.
 OWN_ENTRIES = frozenset(
-    p.rsplit("/", 1)[1] for p in (ENVELOPES_DIR, WATCH_DIR, TIMINGS_DIR, LOCK_FILE)
+    p.rsplit("/", 1)[1] for p in (ENVELOPES_DIR, WATCH_DIR, WARM_DIR, TIMINGS_DIR, LOCK_FILE)
 )
 
 

@@ -54,6 +54,10 @@ class Settings:
     verify: Switch = True
     compile_cache: Switch = True
     skip_unchanged: Switch = True
+    #: Builds ``docker exec``'d in a long-lived container per build environment (docker run).
+    warm_containers: Switch = True
+    #: Seconds a warm build container waits for its next build before it stops itself.
+    warm_idle: Seconds = 1800.0
     compile_cache_dir: str = "~/.cache/fdl-tasks/sccache"
     compile_cache_size: Size = "10G"
     verify_retries: Count = 3

@@ -15,6 +15,7 @@ import attrs
 
 from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_environment import target_dirs
+from fdl_tasks.build.clean import remove_warm
 from fdl_tasks.config.loader import load_cluster
 from fdl_tasks.config.run import Run
 from fdl_tasks.core.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
@@ -211,6 +212,7 @@ def watch_and_rebuild(run: Run, command: str, crate: str, *, as_json: bool = Fal
         message = session.stopped_message() if session else "watch stopped before its first cycle"
         left = [str(exc)] if isinstance(exc, StoppedLeftRunning) else []
         left = [*(session.left_running if session else []), *left]
+        left += remove_warm(run)  # the watch's warm build containers end with it
         if left:  # not a clean stop: what a cycle or the stop could not remove, exit 3
             raise StoppedLeftRunning("\n".join([message, *left])) from None
         raise Stopped(message) from None

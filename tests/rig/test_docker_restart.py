@@ -67,7 +67,11 @@ def test_daemon_restarted_while_builds_run(rig: RigCluster, dockerd: PrivateDock
     path = rig.write(
         [rig.worker(h, arch=a) for h, a in archs.items()], "restart.yaml", docker=settings
     )
-    env = {"DOCKER_HOST": dockerd.host, "INVOKE_FDL_COMPILE_CACHE": "0"}
+    env = {
+        "DOCKER_HOST": dockerd.host,
+        "INVOKE_FDL_COMPILE_CACHE": "0",
+        "INVOKE_FDL_WARM_CONTAINERS": "0",  # a container per build (test_warm.py: warm ones)
+    }
     run = rig.background(*prebuild_args(path, "--jobs", "3"), env=env)
     run.wait_for(lambda: "(run " in run.stderr, timeout=120)
     found = re.search(r"\(run ([0-9a-f]+):", run.stderr)

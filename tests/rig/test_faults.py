@@ -38,7 +38,9 @@ VARIANTS = ("precompiled/cu128", "precompiled/cu126", "precompiled/cpu")
 ENVELOPE = "target/cluster/_envelopes/ddp-bench.json"
 #: These tests need several builds in flight at once; with the compile cache the
 #: first build runs alone (so that the others can hit), which is not what they test.
-PARALLEL = {"INVOKE_FDL_COMPILE_CACHE": "0"}
+#: A container per build (not warm: test_warm.py holds warm containers to these guarantees).
+COLD = {"INVOKE_FDL_WARM_CONTAINERS": "0"}
+PARALLEL = {"INVOKE_FDL_COMPILE_CACHE": "0", **COLD}
 #: Seconds the interrupted builds would last: far beyond :data:`STOP_BUDGET`, so that
 #: only a real stop (not builds ending on their own) can meet that budget.
 BUILD_SLEEP = 120
@@ -158,7 +160,7 @@ def test_sigterm_stops_native_cargo_and_its_children(rig: RigCluster) -> None:
 
 def test_container_killed_from_outside_fails_that_build_only(rig: RigCluster) -> None:
     path = cluster(rig, "kill.yaml", docker=True, sleep=6)
-    run = rig.background(*prebuild_args(path, "--jobs", "3", "--per-host", "--no-cache"), env={})
+    run = rig.background(*prebuild_args(path, "--jobs", "3", "--per-host", "--no-cache"), env=COLD)
     run.wait_for(lambda: len(run_containers(run, running=True)) >= 3)
     run_id = re.search(r"\(run ([0-9a-f]+):", run.stderr)
     assert run_id is not None

@@ -67,6 +67,10 @@ def build_host(path: Path, host: str) -> list[str]:
     return ["build-host", "--host", host, "--cmd", "ddp-bench", "--cluster-file", str(path)]
 
 
+#: A container per build (not warm: test_warm.py holds warm containers to these guarantees).
+COLD = {"INVOKE_FDL_WARM_CONTAINERS": "0"}
+
+
 def run_label(run: Running) -> str:
     """The label of every container of that run, from its start line."""
     run.wait_for(lambda: "(run " in run.stderr)
@@ -130,7 +134,7 @@ def test_container_that_refuses_removal_is_named(rig: RigCluster) -> None:
     :func:`rig.faults.unremovable`). The run names it with the command that removes
     it and exits 3, not 130: it did not stop cleanly."""
     path = cluster(rig, "pinned.yaml", docker=True, sleep=120)
-    run = rig.background(*prebuild_args(path), env={"INVOKE_FDL_COMPILE_CACHE": "0"})
+    run = rig.background(*prebuild_args(path), env={"INVOKE_FDL_COMPILE_CACHE": "0", **COLD})
     victim, name = running_container(run)
     label = run_label(run)
     with unremovable(victim):
@@ -151,7 +155,9 @@ def test_watch_stopped_with_an_unremovable_container_exits_3(rig: RigCluster) ->
     """The same refusal during ``--watch``'s first cycle: the watch ends as a stop that
     was not clean (exit 3, the container named), never a plain 130."""
     path = cluster(rig, "watched.yaml", docker=True, sleep=120)
-    run = rig.background(*prebuild_args(path, "--watch"), env={"INVOKE_FDL_COMPILE_CACHE": "0"})
+    run = rig.background(
+        *prebuild_args(path, "--watch"), env={"INVOKE_FDL_COMPILE_CACHE": "0", **COLD}
+    )
     victim, name = running_container(run)
     with unremovable(victim):
         run.process.send_signal(signal.SIGINT)
@@ -167,7 +173,7 @@ def test_timed_out_build_whose_container_refuses_removal(rig: RigCluster) -> Non
     with the command that removes it, and exits 3, not 1."""
     settings = {**rig.docker_settings(), "env": {"FDL_FIXTURE_BUILD_SLEEP": "120"}}
     path = rig.write([rig.worker("alpha", arch=VARIANTS[0])], "timeout.yaml", docker=settings)
-    run = rig.background(*prebuild_args(path, "--timeout", "20"), env={})
+    run = rig.background(*prebuild_args(path, "--timeout", "20"), env=COLD)
     victim, name = running_container(run)
     with unremovable(victim):
         code = run.finish(timeout=120)

@@ -298,7 +298,8 @@ def test_sigterm_when_idle_keeps_the_last_good_envelope(rig: RigCluster) -> None
 
 def test_sigterm_during_a_docker_cycle_leaves_no_container_and_no_envelope(rig: RigCluster) -> None:
     docker = {**rig.docker_settings(), "env": {"FDL_FIXTURE_BUILD_SLEEP": "120"}}
-    run = watch(rig, cluster_file(rig, "docker.yaml", docker))
+    cold = {"INVOKE_FDL_WARM_CONTAINERS": "0"}  # a container per build (warm: test_warm.py)
+    run = watch(rig, cluster_file(rig, "docker.yaml", docker), cold)
     run.wait_for(lambda: re.search(r"\(run ([0-9a-f]+):", run.stderr) is not None, 120)
     match = re.search(r"\(run ([0-9a-f]+):", run.stderr)
     assert match is not None

@@ -22,7 +22,13 @@ from fdl_tasks.build.build_argv import (
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.build.build_record import RECORD_RUN_ID, RecordInputs
 from fdl_tasks.build.docker_tools import check_docker, user_ids
-from fdl_tasks.cache.compile_cache import CONTAINER_SCCACHE, CompileCache, with_stats
+from fdl_tasks.build.warm_containers import exec_line
+from fdl_tasks.cache.compile_cache import (
+    CONTAINER_SCCACHE,
+    CONTAINER_TARGET,
+    CompileCache,
+    with_stats,
+)
 from fdl_tasks.config.model import Arch, BuildMode, Controller, CrossSetup, DockerSettings
 from fdl_tasks.config.names import join_path
 from fdl_tasks.config.variants import (
@@ -67,12 +73,25 @@ def docker_line(
     cache: CompileCache | None = None,
 ) -> str:
     """``docker run --rm … cargo build``: project at the workspace, libtorch read-only."""
-    image = job.build.environment.toolchain
+    options = run_options(job, controller, docker, user, cache)
+    command = build_command(job, cache)
+    return shlex.join(
+        ["docker", "run", "--rm", *container_identity(run_id, job), *options, *command]
+    )
+
+
+def run_options(
+    job: BuildJob,
+    controller: Controller,
+    docker: DockerSettings,
+    user: str | None,
+    cache: CompileCache | None,
+) -> list[str]:
+    """Every ``docker run`` option of a build, the image last: its user, mounts, working
+    directory, variables, the compile cache's, the user's ``run_args``."""
     workspace = docker.workspace
     cache_flags, target = container_cache(job, controller, workspace, cache)
-    argv = ["docker", "run", "--rm", *container_identity(run_id, job)]
-    if user:
-        argv += ["--user", user]
+    argv = ["--user", user] if user else []
     for inside, outside in project_mounts(controller, docker):
         variant = outside is None  # the job's own variant, read-only
         source = libtorch_dir(controller.path, job.build.arch) if variant else outside
@@ -91,11 +110,17 @@ def docker_line(
     run_args = job_run_args(job, docker)
     for name, value in {**env, **cross_variables(job.build)}.items():
         argv += ["-e", f"{name}={value}"]
-    cargo = cargo_argv(job.build)
-    build = ["sh", "-c", with_stats(shlex.join(cargo), CONTAINER_SCCACHE, target)]
     network = cache.container_run_args(run_args) if cache else []
-    argv += [*run_args, *network, image, *(build if cache else cargo)]
-    return shlex.join(argv)
+    return [*argv, *run_args, *network, job.build.environment.toolchain]
+
+
+def build_command(job: BuildJob, cache: CompileCache | None) -> list[str]:
+    """What runs in the container: cargo, or with the cache a shell that asks sccache for
+    the build's counts after it."""
+    cargo = cargo_argv(job.build)
+    if cache is None:
+        return cargo
+    return ["sh", "-c", with_stats(shlex.join(cargo), CONTAINER_SCCACHE, CONTAINER_TARGET)]
 
 
 def job_run_args(job: BuildJob, docker: DockerSettings) -> tuple[str, ...]:
@@ -221,4 +246,20 @@ class DockerRunBackend(ContainerBackend):
         )
 
     def build_line(self, job: BuildJob) -> str:
+        """A ``docker exec`` in the job's warm container (found or made here), else the
+        ``docker run`` of a container of its own."""
+        if self.warm is not None:
+            options = run_options(job, self.controller, self.docker, self.user, self.cache)
+            image = job.build.environment.toolchain
+            name = self.warm.container_for(job.name, image, self.image_ids.get(image), options)
+            if name is not None:
+                return exec_line(name, build_command(job, self.cache))
         return docker_line(job, self.controller, self.docker, self.run_id, self.user, self.cache)
+
+    def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
+        """A warm container's build is killed inside it; a build's own container removed."""
+        warm = self.warm.stop_build(job.name) if self.warm else []
+        return warm + super().stop_job(job, process)
+
+    def stop_run(self) -> list[str]:
+        return (self.warm.stop_all() if self.warm else []) + super().stop_run()

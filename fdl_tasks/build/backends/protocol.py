@@ -14,6 +14,7 @@ from typing import Protocol
 
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.build.build_record import RecordInputs
+from fdl_tasks.build.warm_containers_io import WarmContainers
 from fdl_tasks.cache.compile_cache import CompileCache
 from fdl_tasks.config.model import Arch, BuildMode, Controller, CrossSetup
 from fdl_tasks.gpu.gpus import Vendor
@@ -21,12 +22,19 @@ from fdl_tasks.gpu.gpus import Vendor
 
 class RunBackend:
     """What every backend is made with: the controller, the cluster file's name (for
-    messages), the run's id (container labels, cache sockets) and its compile cache."""
+    messages), the run's id (container labels, cache sockets), its compile cache, and its
+    warm build containers (``None``: a container per build; modes without any ignore it)."""
 
     def __init__(
-        self, controller: Controller, source: str, run_id: str, cache: CompileCache | None
+        self,
+        controller: Controller,
+        source: str,
+        run_id: str,
+        cache: CompileCache | None,
+        warm: WarmContainers | None = None,
     ) -> None:
         self.controller, self.source, self.run_id, self.cache = controller, source, run_id, cache
+        self.warm = warm
 
 
 class Backend(Protocol):

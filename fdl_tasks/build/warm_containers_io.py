@@ -1,0 +1,251 @@
+"""Warm build containers on this machine's Docker: found, made, replaced, stopped.
+
+Thin I/O over :mod:`fdl_tasks.build.warm_containers`. Containers are looked up
+with the Docker SDK (the run's check already talks to the daemon); they are
+made with the ``docker`` client itself, from the very options a ``docker run``
+build would get, so nothing is translated. Which container each job used last
+is a small file under ``target/cluster/_warm/``: a container gone before its idle
+timeout (a daemon restart, a removal by hand) is then said, not silently remade.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fdl_tasks.build.docker_tools import remove_containers
+from fdl_tasks.build.warm_containers import (
+    KILL_BUILDS,
+    WARM_IMAGE_LABEL,
+    WARM_JOB_LABEL,
+    WARM_LABEL,
+    WarmSettings,
+    bind_sources,
+    client_variables,
+    cold_reason,
+    create_argv,
+    gone_reason,
+    spec_digest,
+    warm_name,
+)
+from fdl_tasks.config.layout import WARM_DIR
+from fdl_tasks.config.run import Run
+from fdl_tasks.core.atomic_files import write_atomically
+from fdl_tasks.core.reporting import Report, Severity
+
+#: Seconds a ``docker`` client call may take here (a start, a kill).
+DOCKER_TIMEOUT = 60
+
+
+def start_inputs(options: Sequence[str]) -> list[str]:
+    """What a ``docker run`` with ``options`` reads when it starts and a running container
+    would not see change: each bind source's device and inode (a directory replaced by
+    another at its path), what is mounted under one (``/proc/self/mountinfo``), an env
+    file's text, the client's value of each ``-e NAME``."""
+    sources = bind_sources(options)
+    seen = []
+    for source in sources:
+        try:
+            stat = os.stat(source)
+            seen.append(f"{source} {stat.st_dev}:{stat.st_ino}")
+        except OSError:
+            seen.append(f"{source} absent")
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split(" ")[4] if line.count(" ") > 4 else ""
+            if any(point.startswith(s.rstrip("/") + "/") for s in sources):
+                seen.append(f"mounted {point}")
+    for env_file in bind_sources(options, env_files=True):
+        with contextlib.suppress(OSError):
+            seen.append(Path(env_file).read_text(errors="replace"))
+    seen += [f"{name}={os.environ.get(name, '')}" for name in client_variables(options)]
+    return seen
+
+
+def run_warm(run: Run) -> WarmContainers | None:
+    """The run's warm containers: ``fdl.warm_containers`` on (``--no-warm`` turns it off),
+    none under ``inv --dry`` (it prints the ``docker run`` of each build)."""
+    settings = run.settings
+    if run.dry or not settings.warm_containers:
+        return None
+    return WarmContainers(str(run.root), WarmSettings(int(settings.warm_idle)), run.say)
+
+
+def _client() -> Any:
+    import docker as docker_sdk
+
+    return docker_sdk.from_env(version="auto", timeout=10)
+
+
+class WarmContainers:
+    """One run's warm containers: each job's found or made before its build, and the
+    builds in them stopped on a timeout or a stop."""
+
+    def __init__(self, root: str, settings: WarmSettings, say: Report) -> None:
+        self.root, self.settings, self.say = root, settings, say
+        #: Job name → the container its build runs in.
+        self.used: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._said: set[str] = set()
+
+    def container_for(
+        self, job: str, image: str, image_id: str | None, options: Sequence[str]
+    ) -> str | None:
+        """The running container this job's build is ``docker exec``'d in, made if need be;
+        ``None`` when the build must run in a container of its own (said once why)."""
+        why = cold_reason(options) if image_id else "its image's id is not known"
+        entrypoint = None if why else self._entrypoint(image_id or "")
+        if why or entrypoint:
+            self._say_once(
+                f"{image}: builds run in a container each (not warm): "
+                + (why or f"the image has an entrypoint ({entrypoint}), which docker exec skips")
+            )
+            return None
+        assert image_id is not None
+        digest = spec_digest(self.root, image_id, options, start_inputs(options))
+        name = warm_name(digest)
+        try:
+            self._ensure(job, name, image_id, options)
+        except Exception as exc:  # the daemon's failure: the build says it as docker run would
+            self._say_once(f"{job}: no warm build container ({_one_line(exc)}); docker run")
+            return None
+        with self._lock:
+            self.used[job] = name
+        return name
+
+    def _ensure(self, job: str, name: str, image_id: str, options: Sequence[str]) -> None:
+        import docker as docker_sdk
+
+        state = Path(self.root) / WARM_DIR / job.replace("/", "-").lstrip("_")
+        last, last_used = _last_container(state)
+        client = _client()
+        try:
+            try:
+                found = client.containers.get(name)
+            except docker_sdk.errors.NotFound:
+                found = None
+            if found is not None and found.status == "running":
+                _touch(state, name)
+                return
+            if found is not None:
+                with contextlib.suppress(docker_sdk.errors.APIError):
+                    found.remove(force=True)
+            if last == name and (why := gone_reason(last_used, time.time(), self.settings)):
+                was = "stopped" if found is not None else "gone"
+                self.say(
+                    f"build container {name} of {job} is {was} ({why}): starting a new one",
+                    Severity.WARNING,
+                )
+            old = client.containers.list(
+                all=True,
+                filters={"label": [f"{WARM_LABEL}={self.root}", f"{WARM_JOB_LABEL}={job}"]},
+            )
+            for container in (c for c in old if c.name != name):
+                changed = container.labels.get(WARM_IMAGE_LABEL) != image_id
+                what = "its image" if changed else "its mounts, environment or settings"
+                self.say(f"replacing the build container of {job}: {what} changed")
+                with contextlib.suppress(docker_sdk.errors.APIError):
+                    container.remove(force=True)
+        finally:
+            client.close()
+        argv = create_argv(name, self.root, job, image_id, options, self.settings)
+        made = subprocess.run(
+            argv, capture_output=True, text=True, timeout=DOCKER_TIMEOUT, check=False
+        )
+        if made.returncode != 0 and "is already in use" not in made.stderr:
+            raise OSError(made.stderr.strip().splitlines()[-1] if made.stderr.strip() else "")
+        _touch(state, name)
+
+    def _entrypoint(self, image_id: str) -> str | None:
+        with contextlib.closing(_client()) as client:
+            entrypoint = client.images.get(image_id).attrs.get("Config", {}).get("Entrypoint")
+        return " ".join(entrypoint) if entrypoint else None
+
+    def _say_once(self, line: str) -> None:
+        with self._lock:
+            if line in self._said:
+                return
+            self._said.add(line)
+        self.say(line, Severity.WARNING)
+
+    def stop_build(self, job: str) -> list[str]:
+        """Kill the job's build inside its container (killing the ``docker exec`` client
+        would leave it running there); the container is removed when that fails."""
+        name = self.used.get(job)
+        return [] if name is None else kill_builds(name)
+
+    def stop_all(self) -> list[str]:
+        """Every build this run started in a warm container, stopped."""
+        with self._lock:
+            names = sorted(set(self.used.values()))
+        return [line for name in names for line in kill_builds(name)]
+
+
+def kill_builds(name: str) -> list[str]:
+    """Kill every process in the container but its keeper; what could not be, each a line
+    naming it and the command that removes it."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["docker", "exec", "-u", "0", name, "sh", "-c", KILL_BUILDS],
+            capture_output=True,
+            timeout=DOCKER_TIMEOUT,
+            check=False,
+        )
+        if done.returncode == 0 or b"No such container" in done.stderr:
+            return []
+        if b"is not running" in done.stderr:
+            return []
+    return remove_named(name)
+
+
+def remove_named(name: str) -> list[str]:
+    """``docker rm -f`` one container; a line naming it if that failed."""
+    try:
+        done = subprocess.run(
+            ["docker", "rm", "-f", name],
+            capture_output=True,
+            text=True,
+            timeout=DOCKER_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [f"build container {name} could not be stopped ({exc}); docker rm -f {name}"]
+    if done.returncode == 0 or "No such container" in done.stderr:
+        return []
+    why = " ".join(done.stderr.split())[:300]
+    return [
+        f"build container {name} could not be removed ({why}); remove it with docker rm -f {name}"
+    ]
+
+
+def remove_project_containers(root: str) -> list[str]:
+    """Every warm container of the project at ``root`` removed (``inv clean``, a stop of
+    ``--watch``); what could not be, as :func:`remove_containers` says it."""
+    return remove_containers(f"{WARM_LABEL}={root}")
+
+
+def _last_container(state: Path) -> tuple[str | None, float | None]:
+    try:
+        return state.read_text(encoding="utf-8").strip(), state.stat().st_mtime
+    except OSError:
+        return None, None
+
+
+def _touch(state: Path, name: str) -> None:
+    """Record (or refresh) which container the job used, now."""
+    with contextlib.suppress(OSError):
+        if _last_container(state)[0] == name:
+            os.utime(state)
+            return
+        state.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(state, name + "\n")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]

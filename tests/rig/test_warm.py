@@ -1,0 +1,237 @@
+"""Warm build containers through the real ``inv``: real sshd hosts, real Docker, real cargo.
+
+One long-lived container per build's ``docker run`` options; each build a
+``docker exec`` in it. The tests hold it to its guarantees: the same bytes as a
+container per build, a changed image replaces it, a stop kills the build inside
+it, ``inv clean`` removes it, it stops itself when idle, and a daemon restart
+between two prebuilds starts a new one and says so.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fdl_tasks.build.warm_containers import WARM_IMAGE_LABEL, WARM_LABEL
+from fdl_tasks.core.binary_files import file_sha256
+from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
+from rig.faults import PrivateDockerd
+from rig.harness import RigCluster, containers, prebuild_args, remove_containers, start_rig
+from rig.sshrig import HostSpec
+
+pytestmark = [pytest.mark.rig, pytest.mark.docker]
+
+HOSTS = [HostSpec("wa", "127.0.0.10"), HostSpec("wb", "127.0.0.11"), HostSpec("wc", "127.0.0.12")]
+VARIANTS = ("precompiled/cu128", "precompiled/cu126", "precompiled/cpu")
+ENVELOPE = "target/cluster/_envelopes/ddp-bench.json"
+#: An image of this test's own, so that changing it touches nobody else's builds.
+TEST_IMAGE = "fdl-warm-test"
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
+    with start_rig(tmp_path_factory.mktemp("warm"), HOSTS, VARIANTS, docker=True) as cluster:
+        try:
+            yield cluster
+        finally:
+            remove_containers(f"{WARM_LABEL}={cluster.project}")
+
+
+def warm(rig: RigCluster, *, running: bool = True) -> list[str]:
+    """This project's warm containers."""
+    return containers(f"{WARM_LABEL}={rig.project}", running=running)
+
+
+def cluster_file(rig: RigCluster, name: str, **docker: object) -> Path:
+    workers = [rig.worker(h.name, arch=a) for h, a in zip(HOSTS, VARIANTS, strict=True)]
+    return rig.write(workers, name, docker={**rig.docker_settings(), **docker})
+
+
+def binaries(rig: RigCluster) -> dict[str, str]:
+    """Each host's published binary's sha256."""
+    import json
+
+    envelope = json.loads((rig.project / ENVELOPE).read_text())
+    return {host: file_sha256(rig.project / entry["bin"]) for host, entry in envelope.items()}
+
+
+def processes(name: str) -> list[str]:
+    """The command lines running in a container (``/proc``: the image has no ``ps``)."""
+    script = "for p in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $p; echo; done"
+    done = subprocess.run(
+        ["docker", "exec", name, "sh", "-c", script], capture_output=True, text=True, check=True
+    )
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
+def test_warm_builds_are_byte_identical_to_cold_ones(rig: RigCluster) -> None:
+    """From an empty target tree each time: warm (the default) then ``--no-warm``; the same
+    bytes for every host, and the warm run left one running container per build."""
+    path = cluster_file(rig, "bytes.yaml")
+    subprocess.run(["rm", "-rf", str(rig.project / "target")], check=True)
+    done = rig.inv(*prebuild_args(path, "--no-cache"))
+    assert done.returncode == 0, done.stderr
+    warm_bytes = binaries(rig)
+    assert len(warm(rig)) == 3, done.stderr
+    subprocess.run(["rm", "-rf", str(rig.project / "target")], check=True)
+    done = rig.inv(*prebuild_args(path, "--no-cache", "--no-warm"))
+    assert done.returncode == 0, done.stderr
+    assert binaries(rig) == warm_bytes
+    # and an edit then a warm build again: the exec reuses the containers
+    before = set(warm(rig))
+    edit(rig)
+    done = rig.inv(*prebuild_args(path, "--no-cache"))
+    assert done.returncode == 0, done.stderr
+    assert set(warm(rig)) == before
+
+
+def test_an_image_change_replaces_the_container(rig: RigCluster) -> None:
+    def tag(text: str) -> str:
+        dockerfile = f"FROM {BUILDER_IMAGE}:12.8\nLABEL fdl-warm-test={text}\n"
+        subprocess.run(
+            ["docker", "build", "-q", "-t", TEST_IMAGE, "-"],
+            input=dockerfile,
+            text=True,
+            capture_output=True,
+            check=True,
+        )
+        found = subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{.Id}}", TEST_IMAGE],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return found.stdout.strip()
+
+    remove_containers(f"{WARM_LABEL}={rig.project}")
+    try:
+        first = tag("one")
+        path = cluster_file(rig, "image.yaml", image=TEST_IMAGE)
+        done = rig.inv(*prebuild_args(path))
+        assert done.returncode == 0, done.stderr
+        old = warm(rig)
+        second = tag("two")
+        assert second != first
+        done = rig.inv(*prebuild_args(path))
+        assert done.returncode == 0, done.stderr
+        assert "replacing the build container of" in done.stderr
+        assert "its image changed" in done.stderr
+        new = warm(rig, running=False)
+        assert not set(old) & set(new)
+        images = subprocess.run(
+            ["docker", "inspect", "-f", f'{{{{index .Config.Labels "{WARM_IMAGE_LABEL}"}}}}', *new],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert set(images) == {second}
+    finally:
+        remove_containers(f"{WARM_LABEL}={rig.project}")
+        subprocess.run(["docker", "rmi", "-f", TEST_IMAGE], capture_output=True)
+
+
+def test_ctrl_c_kills_the_build_inside_the_container(rig: RigCluster) -> None:
+    """The build scripts sleep; Ctrl-C: exit 130, nothing of the build left running in the
+    containers, which stay warm for the next build."""
+    path = cluster_file(rig, "int.yaml", env={"FDL_FIXTURE_BUILD_SLEEP": "120"})
+    subprocess.run(["rm", "-rf", str(rig.project / "target")], check=True)
+    run = rig.background(*prebuild_args(path, "--jobs", "3", "--no-cache"))
+
+    def building() -> list[str]:
+        return [n for n in warm(rig) if any("cargo" in p for p in processes(n))]
+
+    run.wait_for(lambda: len(building()) == 3, timeout=180)
+    run.process.send_signal(signal.SIGINT)
+    assert run.finish(timeout=60) == 130, run.stderr
+    assert "interrupted: every build of this run was stopped" in run.stderr
+    names = warm(rig)
+    assert len(names) == 3
+    for name in names:
+        left = [p for p in processes(name) if re.search(r"cargo|rustc|build-script", p)]
+        assert left == [], (name, left)
+
+
+def test_clean_leaves_no_container(rig: RigCluster) -> None:
+    path = cluster_file(rig, "clean.yaml")
+    edit(rig)
+    done = rig.inv(*prebuild_args(path))
+    assert done.returncode == 0, done.stderr
+    assert warm(rig)
+    done = rig.inv("clean", "--cluster-file", str(path))
+    assert done.returncode == 0, done.stderr
+    assert warm(rig, running=False) == []
+
+
+def edit(rig: RigCluster) -> None:
+    """A change to the command's sources: every build runs cargo."""
+    main = rig.project / "ddp-bench/src/main.rs"
+    main.write_text(main.read_text() + "\n// edited\n")
+
+
+def test_idle_timeout_stops_the_container_with_no_inv_alive(rig: RigCluster) -> None:
+    path = cluster_file(rig, "idle.yaml")
+    edit(rig)
+    done = rig.inv(*prebuild_args(path), env={"INVOKE_FDL_WARM_IDLE": "10"})
+    assert done.returncode == 0, done.stderr
+    assert len(warm(rig)) == 3
+    deadline = time.monotonic() + 40
+    while warm(rig, running=False) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert warm(rig, running=False) == []  # stopped itself, then removed (--rm)
+
+
+@pytest.fixture(scope="module")
+def dockerd() -> Iterator[PrivateDockerd]:
+    """A daemon of this module's own (as ``test_docker_restart.py``): restarting it touches
+    no other run's containers."""
+    ensure_dockerd()
+    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
+    daemon = PrivateDockerd([f"{BUILDER_IMAGE}:{tag}" for tag in RIG_TAGS])
+    try:
+        daemon.start()
+        daemon.load_images()
+        yield daemon
+    finally:
+        daemon.remove()
+
+
+def test_a_daemon_restart_between_two_prebuilds(rig: RigCluster, dockerd: PrivateDockerd) -> None:
+    """The second prebuild finds its containers gone, says so, starts new ones, publishes."""
+    path = cluster_file(rig, "restart.yaml")
+    env = {"DOCKER_HOST": dockerd.host}
+
+    def running() -> list[str]:
+        found = dockerd.docker("ps", "-q", "--filter", f"label={WARM_LABEL}={rig.project}")
+        return found.stdout.split()
+
+    edit(rig)
+    done = rig.inv(*prebuild_args(path), env=env)
+    assert done.returncode == 0, done.stderr
+    first = running()
+    assert len(first) == 3, done.stderr
+    dockerd.restart()
+    edit(rig)
+    done = rig.inv(*prebuild_args(path), env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("the Docker daemon restarted, or it was stopped or removed") == 3
+    assert ": starting a new one" in done.stderr
+    second = running()
+    assert len(second) == 3 and not set(first) & set(second)
+
+
+def test_a_stop_of_watch_removes_its_containers(rig: RigCluster) -> None:
+    path = cluster_file(rig, "watch.yaml")
+    edit(rig)
+    (rig.project / ENVELOPE).unlink(missing_ok=True)
+    run = rig.background(*prebuild_args(path, "--watch"))
+    run.wait_for(lambda: (rig.project / ENVELOPE).exists(), timeout=180)  # cycle 1 published
+    assert len(warm(rig)) == 3
+    run.process.send_signal(signal.SIGINT)
+    assert run.finish(timeout=60) == 130, run.stderr
+    assert warm(rig, running=False) == []
