@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from fdl_tasks.build.docker_tools import remove_containers
 from fdl_tasks.build.warm_containers import WARM_IMAGE_LABEL, WARM_LABEL
 from fdl_tasks.core.binary_files import file_sha256
 from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
 from rig.faults import PrivateDockerd
-from rig.harness import RigCluster, containers, prebuild_args, remove_containers, start_rig
+from rig.harness import RigCluster, containers, prebuild_args, start_rig
 from rig.sshrig import HostSpec
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
