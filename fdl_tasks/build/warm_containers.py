@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -141,16 +141,23 @@ def warm_name(digest: str) -> str:
     return f"fdl-warm-{digest[:20]}"
 
 
-def create_argv(
-    name: str, root: str, job: str, image_id: str, options: Sequence[str], settings: WarmSettings
-) -> list[str]:
-    """``docker run -d --rm`` of the keeper with the build's own options (the image last)."""
+def identity(name: str, root: str, job: str, image_id: str) -> list[str]:
+    """The container's name and labels, as ``docker run`` and ``compose run`` take them."""
     labels = {WARM_LABEL: root, WARM_JOB_LABEL: job, WARM_IMAGE_LABEL: image_id}
-    identity = [f"--label={key}={value}" for key, value in labels.items()]
-    return [
-        *("docker", "run", "-d", "--rm", "--name", name, *identity, *options),
-        *("sh", "-c", keeper(settings.idle_seconds)),
-    ]
+    return ["--name", name, *(f"--label={key}={value}" for key, value in labels.items())]
+
+
+#: Builds a container's start line from its :func:`identity` and its main process's argv.
+Start = Callable[[Sequence[str], Sequence[str]], str]
+
+
+def run_start(options: Sequence[str]) -> Start:
+    """``docker run -d --rm`` of the keeper with a build's own options (the image last)."""
+    return lambda ids, main: shlex.join(["docker", "run", "-d", "--rm", *ids, *options, *main])
+
+
+def keeper_argv(settings: WarmSettings) -> list[str]:
+    return ["sh", "-c", keeper(settings.idle_seconds)]
 
 
 def exec_line(name: str, command: Sequence[str]) -> str:

@@ -25,12 +25,15 @@ from fdl_tasks.build.warm_containers import (
     WARM_IMAGE_LABEL,
     WARM_JOB_LABEL,
     WARM_LABEL,
+    Start,
     WarmSettings,
     bind_sources,
     client_variables,
     cold_reason,
-    create_argv,
     gone_reason,
+    identity,
+    keeper_argv,
+    run_start,
     spec_digest,
     warm_name,
 )
@@ -93,79 +96,101 @@ class WarmContainers:
         self.used: dict[str, str] = {}
         self._lock = threading.Lock()
         self._said: set[str] = set()
+        self._entrypoints: dict[str, str | None] = {}
+        self._docker: Any = None
+
+    def client(self) -> Any:
+        """One Docker SDK client for the run's lookups (made when first needed)."""
+        with self._lock:
+            if self._docker is None:
+                self._docker = _client()
+            return self._docker
 
     def container_for(
-        self, job: str, image: str, image_id: str | None, options: Sequence[str]
+        self,
+        job: str,
+        image: str,
+        image_id: str | None,
+        options: Sequence[str],
+        start: Start | None = None,
     ) -> str | None:
         """The running container this job's build is ``docker exec``'d in, made if need be;
         ``None`` when the build must run in a container of its own (said once why)."""
         why = cold_reason(options) if image_id else "its image's id is not known"
-        entrypoint = None if why else self._entrypoint(image_id or "")
-        if why or entrypoint:
-            self._say_once(
-                f"{image}: builds run in a container each (not warm): "
-                + (why or f"the image has an entrypoint ({entrypoint}), which docker exec skips")
-            )
+        if why or image_id is None:
+            self._say_once(f"{image}: builds run in a container each (not warm): {why}")
             return None
-        assert image_id is not None
         digest = spec_digest(self.root, image_id, options, start_inputs(options))
         name = warm_name(digest)
         try:
-            self._ensure(job, name, image_id, options)
+            if entrypoint := self._entrypoint(image_id):
+                self._say_once(
+                    f"{image}: builds run in a container each (not warm): the image has an "
+                    f"entrypoint ({entrypoint}), which docker exec would skip"
+                )
+                return None
+            self._ensure(job, name, image_id, start or run_start(options))
         except Exception as exc:  # the daemon's failure: the build says it as docker run would
-            self._say_once(f"{job}: no warm build container ({_one_line(exc)}); docker run")
+            self._say_once(
+                f"{job}: no warm build container ({_one_line(exc)}): a container of its own"
+            )
             return None
         with self._lock:
             self.used[job] = name
         return name
 
-    def _ensure(self, job: str, name: str, image_id: str, options: Sequence[str]) -> None:
+    def _ensure(self, job: str, name: str, image_id: str, start: Start) -> None:
         import docker as docker_sdk
 
         state = Path(self.root) / WARM_DIR / job.replace("/", "-").lstrip("_")
         last, last_used = _last_container(state)
-        client = _client()
+        client = self.client()
         try:
-            try:
-                found = client.containers.get(name)
-            except docker_sdk.errors.NotFound:
-                found = None
-            if found is not None and found.status == "running":
-                _touch(state, name)
-                return
-            if found is not None:
-                with contextlib.suppress(docker_sdk.errors.APIError):
-                    found.remove(force=True)
-            if last == name and (why := gone_reason(last_used, time.time(), self.settings)):
-                was = "stopped" if found is not None else "gone"
-                self.say(
-                    f"build container {name} of {job} is {was} ({why}): starting a new one",
-                    Severity.WARNING,
-                )
-            old = client.containers.list(
-                all=True,
-                filters={"label": [f"{WARM_LABEL}={self.root}", f"{WARM_JOB_LABEL}={job}"]},
+            found = client.containers.get(name)
+        except docker_sdk.errors.NotFound:
+            found = None
+        if found is not None and found.status == "running":
+            _touch(state, name)
+            return
+        if found is not None:
+            with contextlib.suppress(docker_sdk.errors.APIError):
+                found.remove(force=True)
+        if last == name and (why := gone_reason(last_used, time.time(), self.settings)):
+            was = "stopped" if found is not None else "gone"
+            self.say(
+                f"build container {name} of {job} is {was} ({why}): starting a new one",
+                Severity.WARNING,
             )
-            for container in (c for c in old if c.name != name):
-                changed = container.labels.get(WARM_IMAGE_LABEL) != image_id
-                what = "its image" if changed else "its mounts, environment or settings"
-                self.say(f"replacing the build container of {job}: {what} changed")
-                with contextlib.suppress(docker_sdk.errors.APIError):
-                    container.remove(force=True)
-        finally:
-            client.close()
-        argv = create_argv(name, self.root, job, image_id, options, self.settings)
+        old = client.containers.list(
+            all=True, filters={"label": [f"{WARM_LABEL}={self.root}", f"{WARM_JOB_LABEL}={job}"]}
+        )
+        for container in (c for c in old if c.name != name):
+            changed = container.labels.get(WARM_IMAGE_LABEL) != image_id
+            what = "its image" if changed else "its mounts, environment or settings"
+            self.say(f"replacing the build container of {job}: {what} changed")
+            with contextlib.suppress(docker_sdk.errors.APIError):
+                container.remove(force=True)
+        line = start(identity(name, self.root, job, image_id), keeper_argv(self.settings))
         made = subprocess.run(
-            argv, capture_output=True, text=True, timeout=DOCKER_TIMEOUT, check=False
+            line,
+            shell=True,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=DOCKER_TIMEOUT,
+            check=False,
         )
         if made.returncode != 0 and "is already in use" not in made.stderr:
             raise OSError(made.stderr.strip().splitlines()[-1] if made.stderr.strip() else "")
         _touch(state, name)
 
     def _entrypoint(self, image_id: str) -> str | None:
-        with contextlib.closing(_client()) as client:
-            entrypoint = client.images.get(image_id).attrs.get("Config", {}).get("Entrypoint")
-        return " ".join(entrypoint) if entrypoint else None
+        """The image's entrypoint, asked once per image and run."""
+        if image_id not in self._entrypoints:
+            config = self.client().images.get(image_id).attrs.get("Config") or {}
+            entrypoint = config.get("Entrypoint")
+            self._entrypoints[image_id] = " ".join(entrypoint) if entrypoint else None
+        return self._entrypoints[image_id]
 
     def _say_once(self, line: str) -> None:
         with self._lock:

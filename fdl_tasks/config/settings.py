@@ -54,7 +54,7 @@ class Settings:
     verify: Switch = True
     compile_cache: Switch = True
     skip_unchanged: Switch = True
-    #: Builds ``docker exec``'d in a long-lived container per build environment (docker run).
+    #: Builds ``docker exec``'d in a long-lived container per build environment.
     warm_containers: Switch = True
     #: Seconds a warm build container waits for its next build before it stops itself.
     warm_idle: Seconds = 1800.0

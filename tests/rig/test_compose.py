@@ -157,7 +157,11 @@ def test_missing_service_fails_before_any_build(rig: RigCluster) -> None:
 def test_sigterm_removes_every_compose_container(rig: RigCluster) -> None:
     path = flodl_cluster_file(rig)
     run = rig.background(
-        *prebuild_args(path, "--no-cache"), env={"FDL_FIXTURE_BUILD_SLEEP": str(BUILD_SLEEP)}
+        *prebuild_args(path, "--no-cache"),
+        env={
+            "FDL_FIXTURE_BUILD_SLEEP": str(BUILD_SLEEP),
+            "INVOKE_FDL_WARM_CONTAINERS": "0",  # a container per build (warm: test_warm.py)
+        },
     )
     run.wait_for(lambda: "(run " in run.stderr and run.stderr.count(" started") == 2, timeout=90)
     run_id = run.stderr.split("(run ", 1)[1].split(":", 1)[0]

@@ -24,6 +24,7 @@ from fdl_tasks.core.binary_files import file_sha256
 from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
 from rig.faults import PrivateDockerd
 from rig.harness import RigCluster, containers, prebuild_args, start_rig
+from rig.project import write_compose_file
 from rig.sshrig import HostSpec
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
@@ -235,4 +236,25 @@ def test_a_stop_of_watch_removes_its_containers(rig: RigCluster) -> None:
     assert len(warm(rig)) == 3
     run.process.send_signal(signal.SIGINT)
     assert run.finish(timeout=60) == 130, run.stderr
+    assert warm(rig, running=False) == []
+
+
+def test_compose_builds_are_warm_too_and_byte_identical(rig: RigCluster) -> None:
+    """flodl's compose services: a ``compose run -d`` container per build environment, each
+    build a ``docker exec`` in it; the same bytes as ``compose run --rm``; clean removes them."""
+    write_compose_file(rig.project)
+    workers = [rig.worker(h.name, arch=a) for h, a in zip(HOSTS, VARIANTS, strict=True)]
+    path = rig.write(workers, "compose.yaml", docker="cuda")
+    remove_containers(f"{WARM_LABEL}={rig.project}")
+    subprocess.run(["rm", "-rf", str(rig.project / "target")], check=True)
+    done = rig.inv(*prebuild_args(path))
+    assert done.returncode == 0, done.stderr
+    assert len(warm(rig)) == 3, done.stderr
+    warm_bytes = binaries(rig)
+    subprocess.run(["rm", "-rf", str(rig.project / "target")], check=True)
+    done = rig.inv(*prebuild_args(path, "--no-warm"))
+    assert done.returncode == 0, done.stderr
+    assert binaries(rig) == warm_bytes
+    done = rig.inv("clean", "--cluster-file", str(path))
+    assert done.returncode == 0, done.stderr
     assert warm(rig, running=False) == []

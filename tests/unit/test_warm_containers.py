@@ -12,10 +12,12 @@ from fdl_tasks.build.warm_containers import (
     bind_sources,
     client_variables,
     cold_reason,
-    create_argv,
     exec_line,
     gone_reason,
+    identity,
     keeper,
+    keeper_argv,
+    run_start,
     spec_digest,
     warm_name,
 )
@@ -77,7 +79,8 @@ def test_every_input_changes_the_digest_and_so_the_name() -> None:
 
 
 def test_the_container_is_made_with_the_build_s_options_and_runs_the_keeper() -> None:
-    argv = create_argv("fdl-warm-x", "/p", "job", "sha256:a", OPTIONS, WarmSettings(60))
+    ids = identity("fdl-warm-x", "/p", "job", "sha256:a")
+    argv = shlex.split(run_start(OPTIONS)(ids, keeper_argv(WarmSettings(60))))
     assert argv[:6] == ["docker", "run", "-d", "--rm", "--name", "fdl-warm-x"]
     assert f"--label={WARM_IMAGE_LABEL}=sha256:a" in argv
     image = argv.index("img:1")

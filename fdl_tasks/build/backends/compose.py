@@ -32,6 +32,7 @@ from fdl_tasks.build.docker_tools import (
     service_images,
     user_ids,
 )
+from fdl_tasks.build.warm_containers import Start, exec_line
 from fdl_tasks.cache.compile_cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.config.model import Arch, BuildMode, ComposeService, Controller, CrossSetup
 from fdl_tasks.config.names import join_path
@@ -118,28 +119,43 @@ def compose_line(
     treats ``UID=…`` as an assignment to its read-only variable); ``-T``, a
     name, the run's labels and the compile cache's flags are what fdl-tasks adds.
     """
-    cache_flags, target = container_cache(job, controller, compose.workspace, cache)
+    start = compose_start(job, controller, compose_argv, ids, cache)
+    return start(container_identity(run_id, job), compose_command(job, controller, compose, cache))
+
+
+def compose_command(
+    job: BuildJob, controller: Controller, compose: ComposeService, cache: CompileCache | None
+) -> list[str]:
+    """What runs in the service's container: ``bash -c 'cd <crate> && VARS cargo …'``."""
+    target = container_cache(job, controller, compose.workspace, cache)[1]
     variables = {"CARGO_TARGET_DIR": target, **cross_variables(job.build)}
     build = f"{assignments(variables)} {shlex.join(cargo_argv(job.build))}"
     if cache:
         build = with_stats(build, CONTAINER_SCCACHE, target)
     inner = f"cd {shlex.quote(join_path(compose.workspace, job.build.crate_dir))} && {build}"
+    return ["bash", "-c", inner]
+
+
+def compose_start(
+    job: BuildJob,
+    controller: Controller,
+    compose_argv: Sequence[str],
+    ids: tuple[int, int],
+    cache: CompileCache | None,
+    detached: bool = False,
+) -> Start:
+    """The ``compose run`` line of the job's service, from a container's name and labels
+    and its command (``detached``: ``-d``, for a warm container)."""
+    cache_flags = container_cache(job, controller, "", cache)[0]
     environment = compose_environment(controller.path, job.build.arch, ids)
-    argv = [
-        "env",
-        *(f"{name}={value}" for name, value in environment.items()),
-        *compose_argv,
-        "run",
-        "--rm",
-        "-T",
-        *container_identity(run_id, job),
-        *cache_flags,
-        job.build.environment.toolchain,
-        "bash",
-        "-c",
-        inner,
-    ]
-    return f"cd {shlex.quote(controller.path)} && exec " + shlex.join(argv)
+    head = ["env", *(f"{name}={value}" for name, value in environment.items()), *compose_argv]
+
+    def line(identity: Sequence[str], command: Sequence[str]) -> str:
+        run = ["run", *(["-d"] if detached else []), "--rm", "-T", *identity, *cache_flags]
+        argv = [*head, *run, job.build.environment.toolchain, *command]
+        return f"cd {shlex.quote(controller.path)} && exec " + shlex.join(argv)
+
+    return line
 
 
 class ComposeBackend(ContainerBackend):
@@ -195,7 +211,7 @@ class ComposeBackend(ContainerBackend):
         if found is None or build.timings:
             return RecordInputs(None, tuple(self.mounts()))
         service, image_id = found
-        line = self.build_line(job, RECORD_RUN_ID)
+        line = self.cold_line(job, RECORD_RUN_ID)
         inputs = service_inputs(service, image_id, root, libtorch_dir(root, build.arch), line)
         return inputs or RecordInputs(None, tuple(self.mounts()))
 
@@ -217,9 +233,40 @@ class ComposeBackend(ContainerBackend):
                 self.resolved[(service, key)] = (resolved, ids.get(str(resolved.get("image"))))
             create_compose_networks(self.compose_argv, service, root, sets[0], configs[0])
 
-    def build_line(self, job: BuildJob, run_id: str = "") -> str:
-        """``run_id``: the run's own unless given (a record's line: :data:`RECORD_RUN_ID`)."""
-        run_id = run_id or self.run_id
+    def build_line(self, job: BuildJob) -> str:
+        """A ``docker exec`` in the job's warm container (a ``compose run -d`` of its service,
+        found or made here), else a ``compose run --rm`` of its own."""
+        if self.warm is not None and (name := self.warm_container(job)):
+            return exec_line(name, compose_command(job, self.controller, self.compose, self.cache))
+        return self.cold_line(job, self.run_id)
+
+    def warm_container(self, job: BuildJob) -> str | None:
+        """The job's warm container: it stands for the service as compose resolved it under
+        the job's variables, the image's id, the compile cache's flags and what the
+        service's bind mounts are; none for a service this run did not check, or one with
+        an entrypoint (a ``docker exec`` would skip it)."""
+        assert self.warm is not None
+        build, controller = job.build, self.controller
+        variables = compose_environment(controller.path, build.arch, self.ids)
+        found = self.resolved.get((build.environment.toolchain, tuple(sorted(variables.items()))))
+        service, image_id = found if found else ({}, None)
+        binds = [b for b in (_bind(v) for v in service.get("volumes") or ()) if b]
+        entrypoint = service.get("entrypoint")
+        options = [
+            json.dumps(service, sort_keys=True, default=str),
+            *([f"--entrypoint={entrypoint}"] if entrypoint else []),
+            *(f"--volume={source}:{target}" for target, source in binds),
+            *container_cache(job, controller, "", self.cache)[0],
+            *(f"{name}={value}" for name, value in variables.items()),
+        ]
+        start = compose_start(job, controller, self.compose_argv, self.ids, self.cache, True)
+        return self.warm.container_for(
+            job.name, build.environment.toolchain, image_id, options, start
+        )
+
+    def cold_line(self, job: BuildJob, run_id: str) -> str:
+        """The ``compose run --rm`` line (``run_id``: the run's, or a record's
+        :data:`RECORD_RUN_ID`)."""
         return compose_line(
             job, self.controller, self.compose, self.compose_argv, run_id, self.ids, self.cache
         )

@@ -30,7 +30,8 @@ def docker_exit_problem(exit_code: int, log_tail: str) -> str | None:
 
 class ContainerBackend(RunBackend):
     """Stopping a ``docker`` client leaves its container running: remove the container,
-    found by the run's and the job's labels, and the client exits with it."""
+    found by the run's and the job's labels, and the client exits with it. A build in a
+    warm container is killed inside it (stopping ``docker exec`` would leave it running)."""
 
     killers = (
         "docker kill or docker stop, the out-of-memory killer, or the Docker daemon "
@@ -41,10 +42,12 @@ class ContainerBackend(RunBackend):
         return docker_exit_problem(exit_code, log_tail)
 
     def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
-        return remove_containers(f"{RUN_LABEL}={self.run_id}", f"{JOB_LABEL}={job.name}")
+        warm = self.warm.stop_build(job.name) if self.warm else []
+        return warm + remove_containers(f"{RUN_LABEL}={self.run_id}", f"{JOB_LABEL}={job.name}")
 
     def stop_run(self) -> list[str]:
-        return remove_containers(f"{RUN_LABEL}={self.run_id}")
+        warm = self.warm.stop_all() if self.warm else []
+        return warm + remove_containers(f"{RUN_LABEL}={self.run_id}")
 
     def run_note(self) -> str:
         return f"containers labelled {RUN_LABEL}={self.run_id}"

@@ -255,11 +255,3 @@ class DockerRunBackend(ContainerBackend):
             if name is not None:
                 return exec_line(name, build_command(job, self.cache))
         return docker_line(job, self.controller, self.docker, self.run_id, self.user, self.cache)
-
-    def stop_job(self, job: BuildJob, process: int | None) -> list[str]:
-        """A warm container's build is killed inside it; a build's own container removed."""
-        warm = self.warm.stop_build(job.name) if self.warm else []
-        return warm + super().stop_job(job, process)
-
-    def stop_run(self) -> list[str]:
-        return (self.warm.stop_all() if self.warm else []) + super().stop_run()
