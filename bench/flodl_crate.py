@@ -137,7 +137,11 @@ BENCH = Size(deps=6, modules=1, funcs=3)
 #: The everyday loop: real third-party crates (serde, serde_json, regex …) beside a
 #: few generated ones.
 LOOP = Size(deps=2, modules=1, funcs=1, third_party=True)
-SIZES = {"tiny": TINY, "bench": BENCH, "loop": LOOP}
+#: A heavier workspace, as a new user's: 28 generated path crates in two chains beside
+#: torch-sys (a build script), tch, the binaries' package and the real third-party
+#: crates (several with build scripts): 40-odd crates.
+WORKSPACE = Size(deps=28, modules=1, funcs=1, kinds=2, third_party=True)
+SIZES = {"tiny": TINY, "bench": BENCH, "loop": LOOP, "workspace": WORKSPACE}
 
 
 def cacheable_crates(size: Size) -> int:

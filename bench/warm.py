@@ -1,0 +1,221 @@
+"""Warm build containers in the everyday loop, on a 40-odd crate workspace, side by side.
+
+Run from the repository root, as root, with dockerd available, under the rig's
+exclusive lock::
+
+    flock -x /work/rig.lock python3 -m bench.warm            # 5 repetitions
+    flock -x /work/rig.lock python3 -m bench.warm --reps 7
+
+One run brings up 3 simulated hosts (sshd on 127.0.5.1-3), one per libtorch
+variant, and the flodl-shaped workspace of :mod:`bench.flodl_crate` at its
+``workspace`` size (28 generated path crates in two chains, torch-sys with its
+build script and C shim, tch, the binaries' package, the real third-party crates
+with their build scripts). Docker builds in the rig's builder image, the compile
+cache on (the default settings), every ``inv`` the real entry point. Rows, A and
+B alternating within a repetition (medians):
+
+- W1 edit → published: a one-line edit of ``ddp-bench/src/main.rs``, then
+  ``inv prebuild`` of the 3 variants (warm containers: the default) vs the same
+  edit in a copy, then the bare incremental ``docker run`` of one variant that
+  ``inv --dry prebuild --no-cache`` prints; target <= 2.0;
+- W1c the same with ``--no-warm`` (a container per build, as before);
+- W2 W1's prebuild vs the 3 variants' bare builds started at once (no target:
+  what the builds alone cost on 2 cores);
+- W3 no-op: ``inv prebuild`` with nothing changed vs the bare build with nothing
+  changed; target <= 1.5;
+- W4 watch: in ``inv prebuild --watch`` (warm), the same edit saved, timed to the
+  published sources file, vs the bare incremental build; target <= 1.8. Its
+  cycles' ``--timings`` pages give the tool's own share.
+
+Results go to ``bench/warm-results.json`` with the machine and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import flodl_crate
+from bench.bare import bare, bare_command, bare_commands, bare_together
+from bench.loop import Row, Timed, inv, log, table, when_and_where
+from bench.run import BenchError
+from fdl_tasks.config.layout import ENVELOPES_DIR, envelope_file
+from fdl_tasks.core.atomic_files import write_atomically
+from fdl_tasks.publish.envelope import decode
+from rig.harness import RigCluster, Running, builder_settings, inv_argv, start_rig, write_cluster
+from rig.sshrig import HostSpec
+
+STATE = Path("/var/tmp/fdl-bench-warm")
+RESULTS = Path(__file__).resolve().parent / "warm-results.json"
+HOSTS = [HostSpec(f"wm{i}", f"127.0.5.{i}") for i in (1, 2, 3)]
+VARIANTS = {"precompiled/cu128": 2071, "precompiled/cu126": 2082, "precompiled/cu118": 2063}
+COMMAND = CRATE_DIR = flodl_crate.COMMAND
+ENV = {"INVOKE_FDL_COMPILE_CACHE_DIR": str(STATE / "sccache")}
+
+
+class Setup:
+    """The rig's project (``inv`` builds here) and a copy for the bare builds."""
+
+    def __init__(self, rig: RigCluster) -> None:
+        self.rig, self.project, self.copy = rig, rig.project, rig.root / "bare-project"
+        for root in (self.project, self.copy):
+            flodl_crate.generate(root, flodl_crate.WORKSPACE)
+            flodl_crate.layout_variants(root, VARIANTS)
+        controller = {"path": str(self.project), "docker": builder_settings(rig.owner)}
+        workers = []
+        for host, arch in zip(HOSTS, VARIANTS, strict=True):
+            workers.append({**rig.worker(host.name, arch=arch), "path": str(self.project)})
+        self.three = write_cluster(rig.root / "warm3.yaml", controller, workers)
+        bare_controller = {**controller, "path": str(self.copy)}
+        copies = [{**worker, "path": str(self.copy)} for worker in workers]
+        one = write_cluster(rig.root / "bare1.yaml", bare_controller, copies[:1])
+        args = ["--cmd", COMMAND, "--crate-dir", CRATE_DIR, "--no-cache"]
+        self.bare_argv = bare_command(rig, one, args, ENV)
+        three = write_cluster(rig.root / "bare3.yaml", bare_controller, copies)
+        self.bare_three = bare_commands(rig, three, args, ENV, count=len(VARIANTS))
+
+    def crates(self) -> int:
+        """Packages in the workspace's ``Cargo.lock``: its own and the third-party ones."""
+        return (self.project / "Cargo.lock").read_text().count("[[package]]")
+
+    def prebuild(self, *options: str) -> Timed:
+        args = ["prebuild", "--cmd", COMMAND, "--crate-dir", CRATE_DIR]
+        return inv(self.rig, *args, "--cluster-file", str(self.three), *options, env=ENV)
+
+
+def loop_rows(setup: Setup, reps: int) -> list[Row]:
+    """W1, W1c, W2, W3: edit then prebuild (warm, then not) vs the bare builds."""
+    edit = Row("W1", "edit → published, 3 variants, warm vs 1 bare", "inv", "bare", 2.0)
+    cold = Row("W1c", "edit → published, 3 variants, --no-warm vs 1 bare", "inv", "bare", None)
+    three = Row("W2", "edit → published, 3 variants, warm vs 3 bare at once", "inv", "3 bare", None)
+    noop = Row("W3", "no-op, 3 variants, warm vs 1 bare no-op", "inv", "bare", 1.5)
+    log("warming both target trees and the containers")
+    setup.prebuild()
+    setup.prebuild("--no-warm")
+    bare(setup.bare_argv, "fdl-bench-warm", 0)
+    bare_together(setup.bare_three, "fdl-bench-warm3", 0)
+    for rep in range(reps):
+        for row, options in ((edit, []), (cold, ["--no-warm"])):
+            rev = f"{row.key}{rep}"
+            flodl_crate.edit_main(setup.project / CRATE_DIR, rev)
+            run = setup.prebuild(*options)
+            check_published(setup.rig, setup.project, COMMAND, rev)
+            flodl_crate.edit_main(setup.copy / CRATE_DIR, rev)
+            row.record(run.seconds, bare(setup.bare_argv, "fdl-bench-warm", 10 * rep + 1), run)
+            if row is edit:
+                flodl_crate.edit_main(setup.copy / CRATE_DIR, f"{rev}-3")
+                together = bare_together(setup.bare_three, "fdl-bench-warm3", rep + 1)
+                three.record(run.seconds, together, run)
+        again = setup.prebuild()
+        noop.record(again.seconds, bare(setup.bare_argv, "fdl-bench-warm", 10 * rep + 2), again)
+        log(
+            f"rep {rep + 1}/{reps}: edit warm {edit.a[-1]:.2f}s, --no-warm {cold.a[-1]:.2f}s, "
+            f"bare {edit.b[-1]:.2f}s, 3 bare {three.b[-1]:.2f}s; no-op {noop.a[-1]:.2f}s vs "
+            f"bare {noop.b[-1]:.2f}s"
+        )
+    return [edit, cold, three, noop]
+
+
+def check_published(rig: RigCluster, project: Path, command: str, rev: str) -> None:
+    """Every host's published binary runs there and prints its own variant and the edit."""
+    envelopes = decode((project / envelope_file(command)).read_text(), "envelope")
+    archs = {h.name: arch for h, arch in zip(HOSTS, VARIANTS, strict=True)}
+    for host, entry in sorted(envelopes.items()):
+        line = rig.run_on_host(host, str(project), entry)
+        wanted = f"{command} variant={archs[host]} shim={VARIANTS[archs[host]]} cuda=on"
+        if not line.startswith(wanted) or f"rev={rev}" not in line:
+            raise BenchError(f"{host} runs a binary that prints {line!r}")
+
+
+def published(project: Path) -> int:
+    """When the command's sources file was last replaced (it is, at each publication)."""
+    try:
+        return (project / ENVELOPES_DIR / f"{COMMAND}.sources.json").stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
+
+
+def wait_published(run: Running, project: Path, since: int, timeout: float = 600) -> float:
+    """``time.monotonic()`` when the sources file changed after ``since``."""
+    deadline = time.monotonic() + timeout
+    while published(project) == since:
+        if run.process.poll() is not None or time.monotonic() > deadline:
+            raise BenchError(f"nothing published within {timeout:g}s:\n{run.stderr[-4000:]}")
+        time.sleep(0.005)
+    return time.monotonic()
+
+
+def watch_row(setup: Setup, reps: int) -> Row:
+    """W4: save → published in a ``--watch`` session vs the bare incremental build."""
+    row = Row("W4", "watch save → published, 3 variants, warm vs 1 bare", "watch", "bare", 1.8)
+    argv = ["prebuild", "--cmd", COMMAND, "--crate-dir", CRATE_DIR, "--watch", "--timings"]
+    run = Running(
+        inv_argv(*argv, "--cluster-file", str(setup.three)),
+        setup.rig.root,
+        setup.rig.environment(ENV),
+    )
+    try:
+        wait_published(run, setup.project, published(setup.project), 900)
+        time.sleep(2.0)  # the first cycle's verification and line, then quiet
+        for rep in range(reps):
+            rev = f"W4{rep}"
+            before = published(setup.project)
+            saved = time.monotonic()
+            flodl_crate.edit_main(setup.project / CRATE_DIR, rev)
+            seconds = wait_published(run, setup.project, before) - saved
+            time.sleep(1.0)  # the cycle's own last line, then quiet before the bare build
+            check_published(setup.rig, setup.project, COMMAND, rev)
+            flodl_crate.edit_main(setup.copy / CRATE_DIR, rev)
+            row.record(seconds, bare(setup.bare_argv, "fdl-bench-warm", 100 + rep))
+            log(
+                f"W4 rep {rep + 1}/{reps}: save → published {row.a[-1]:.2f}s, bare {row.b[-1]:.2f}s"
+            )
+    finally:
+        run.stop()
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bench.warm", description=__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of each row")
+    parser.add_argument("--only", default="W1,W4", help="row groups: W1 (W1-W3), W4")
+    args = parser.parse_args(argv)
+    groups = {g.strip() for g in args.only.split(",") if g.strip()}
+    shutil.rmtree(STATE, ignore_errors=True)
+    STATE.mkdir(parents=True)
+    started, load = time.monotonic(), os.getloadavg()[0]
+    rows: list[Row] = []
+    with start_rig(STATE, HOSTS, (), docker=True) as rig:
+        setup = Setup(rig)
+        if "W1" in groups:
+            rows += loop_rows(setup, args.reps)
+        if "W4" in groups:
+            rows.append(watch_row(setup, args.reps))
+        inv(rig, "clean", "--cluster-file", str(setup.three), env=ENV)  # no container left
+        crates = setup.crates()
+    report = {
+        **when_and_where(load),
+        "mode": "docker, warm build containers (the default) unless --no-warm",
+        "hosts": len(HOSTS),
+        "variants": list(VARIANTS),
+        "crate": {"size": str(flodl_crate.WORKSPACE), "packages": crates},
+        "bare_command": shlex.join(setup.bare_argv),
+        "reps": args.reps,
+        "wall_s": round(time.monotonic() - started, 1),
+        "rows": [row.to_json() for row in rows],
+    }
+    write_atomically(RESULTS, json.dumps(report, indent=2) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
