@@ -160,9 +160,16 @@ def keeper_argv(settings: WarmSettings) -> list[str]:
     return ["sh", "-c", keeper(settings.idle_seconds)]
 
 
+#: Before each build in a warm container: what a new container would not have. The last
+#: build's sccache server was stopped, but its socket file stays, and a build would
+#: find it as a server that runs (and ask it for counts, starting one).
+FRESH = '[ -z "${SCCACHE_SERVER_UDS:-}" ] || rm -f "$SCCACHE_SERVER_UDS"; exec "$@"'
+
+
 def exec_line(name: str, command: Sequence[str]) -> str:
-    """The build: the same command a ``docker run`` would start, as a ``docker exec``."""
-    return shlex.join(["docker", "exec", name, *command])
+    """The build: the same command a ``docker run`` would start, as a ``docker exec``
+    (through :data:`FRESH`)."""
+    return shlex.join(["docker", "exec", name, "sh", "-c", FRESH, "sh", *command])
 
 
 def gone_reason(last_used: float | None, now: float, settings: WarmSettings) -> str | None:
