@@ -24,8 +24,13 @@ B alternating within a repetition (medians):
 - W3 no-op: ``inv prebuild`` with nothing changed vs the bare build with nothing
   changed; target <= 1.5;
 - W4 watch: in ``inv prebuild --watch`` (warm), the same edit saved, timed to the
-  published sources file, vs the bare incremental build; target <= 1.8. Its
-  cycles' ``--timings`` pages give the tool's own share.
+  published sources file, vs the bare incremental build; target <= 1.8;
+- W4t the same in a ``--watch --timings`` session: save → published less the
+  cycle's builds (first start to last end, from its ``--timings`` page), the
+  tool's own share (target <= 0.25 s), beside the builds;
+- W0 and W2w, the floor: after the same edit, one ``docker exec`` of the bare
+  build's cargo in a warm container of the copy, and the 3 variants' at once,
+  vs the bare ``docker run`` (no tool at all).
 
 Results go to ``bench/warm-results.json`` with the machine and the date.
 """
@@ -37,6 +42,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -46,15 +52,18 @@ from bench import flodl_crate
 from bench.bare import bare, bare_command, bare_commands, bare_together
 from bench.loop import Row, Timed, inv, log, table, when_and_where
 from bench.run import BenchError
-from fdl_tasks.config.layout import ENVELOPES_DIR, envelope_file
+from fdl_tasks.build.warm_containers import WARM_JOB_LABEL, WARM_LABEL
+from fdl_tasks.config.layout import ENVELOPES_DIR, TIMINGS_DIR, envelope_file
 from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.publish.envelope import decode
+from fdl_tasks.timings.timings_html import page_data
 from rig.harness import RigCluster, Running, builder_settings, inv_argv, start_rig, write_cluster
 from rig.sshrig import HostSpec
 
 STATE = Path("/var/tmp/fdl-bench-warm")
 RESULTS = Path(__file__).resolve().parent / "warm-results.json"
-HOSTS = [HostSpec(f"wm{i}", f"127.0.5.{i}") for i in (1, 2, 3)]
+#: Named as bench.loop's (its phase marks read the host names), on addresses of their own.
+HOSTS = [HostSpec(f"lb{i}", f"127.0.5.{i}") for i in (1, 2, 3)]
 VARIANTS = {"precompiled/cu128": 2071, "precompiled/cu126": 2082, "precompiled/cu118": 2063}
 COMMAND = CRATE_DIR = flodl_crate.COMMAND
 ENV = {"INVOKE_FDL_COMPILE_CACHE_DIR": str(STATE / "sccache")}
@@ -81,6 +90,29 @@ class Setup:
         three = write_cluster(rig.root / "bare3.yaml", bare_controller, copies)
         self.bare_three = bare_commands(rig, three, args, ENV, count=len(VARIANTS))
 
+        self.bare_three_file = three
+
+    def warm_execs(self) -> list[list[str]]:
+        """The 3 bare builds as ``docker exec`` in warm containers of the copy (made by an
+        ``inv prebuild --no-cache`` of the copy, so their options are the bare lines')."""
+        args = ["prebuild", "--cmd", COMMAND, "--crate-dir", CRATE_DIR, "--no-cache"]
+        inv(self.rig, *args, "--cluster-file", str(self.bare_three_file), env=ENV)
+        execs = []
+        for argv in self.bare_three:
+            target = next(a for a in argv if a.startswith("CARGO_TARGET_DIR="))
+            job = target.rsplit("/", 1)[1]
+            labels = [f"label={WARM_LABEL}={self.copy}", f"label={WARM_JOB_LABEL}={job}"]
+            found = subprocess.run(
+                ["docker", "ps", "-q", *(x for label in labels for x in ("--filter", label))],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            if len(found) != 1:
+                raise BenchError(f"no warm container of {job} for the copy")
+            execs.append(["docker", "exec", found[0], *argv[argv.index("cargo") :]])
+        return execs
+
     def crates(self) -> int:
         """Packages in the workspace's ``Cargo.lock``: its own and the third-party ones."""
         return (self.project / "Cargo.lock").read_text().count("[[package]]")
@@ -88,6 +120,26 @@ class Setup:
     def prebuild(self, *options: str) -> Timed:
         args = ["prebuild", "--cmd", COMMAND, "--crate-dir", CRATE_DIR]
         return inv(self.rig, *args, "--cluster-file", str(self.three), *options, env=ENV)
+
+
+def floor_rows(setup: Setup, reps: int) -> list[Row]:
+    """W0 and W2w: the builds alone, no tool: one warm exec, and the 3 variants' warm
+    execs at once, each after the same edit, vs one bare ``docker run``."""
+    one = Row("W0", "edit, 1 warm exec vs 1 bare docker run (no tool)", "exec", "bare", None)
+    three = Row("W2w", "edit, 3 warm execs at once vs 1 bare (no tool)", "3 execs", "bare", None)
+    execs = setup.warm_execs()
+    bare_together(execs, "unused", 0)
+    for rep in range(reps):
+        flodl_crate.edit_main(setup.copy / CRATE_DIR, f"x{rep}")
+        alone = bare(execs[0], "unused", 0)
+        flodl_crate.edit_main(setup.copy / CRATE_DIR, f"y{rep}")
+        together = bare_together(execs, "unused", 0)
+        flodl_crate.edit_main(setup.copy / CRATE_DIR, f"z{rep}")
+        single = bare(setup.bare_argv, "fdl-bench-warm", 200 + rep)
+        one.record(alone, single)
+        three.record(together, single)
+        log(f"floor {rep + 1}/{reps}: exec {alone:.2f}s, 3 {together:.2f}s, bare {single:.2f}s")
+    return [one, three]
 
 
 def loop_rows(setup: Setup, reps: int) -> list[Row]:
@@ -152,12 +204,29 @@ def wait_published(run: Running, project: Path, since: int, timeout: float = 600
     return time.monotonic()
 
 
-def watch_row(setup: Setup, reps: int) -> Row:
-    """W4: save → published in a ``--watch`` session vs the bare incremental build."""
-    row = Row("W4", "watch save → published, 3 variants, warm vs 1 bare", "watch", "bare", 1.8)
-    argv = ["prebuild", "--cmd", COMMAND, "--crate-dir", CRATE_DIR, "--watch", "--timings"]
+def last_cycle_builds(project: Path) -> tuple[float, float]:
+    """(the cycle's wall seconds, its builds' seconds: first start to last end) from the
+    newest ``--timings`` page."""
+    pages = sorted((project / TIMINGS_DIR).glob(f"{COMMAND}-*.html"))
+    data = page_data(pages[-1].read_text()) if pages else None
+    if data is None:
+        raise BenchError(f"no timings page under {project / TIMINGS_DIR}")
+    builds = [span for span in data["spans"] if span["kind"] == "build"]
+    return data["wall"], max(b["end"] for b in builds) - min(b["start"] for b in builds)
+
+
+def watch_row(setup: Setup, reps: int, timings: bool) -> Row:
+    """W4: save → published in a ``--watch`` session vs the bare incremental build; with
+    ``timings`` (W4t) the tool's own share instead: save → published less the cycle's
+    builds, as its ``--timings`` page draws them, vs the builds."""
+    if timings:
+        what = "watch, the tool's share (save → published less the builds) vs the builds"
+        row = Row("W4t", what, "tool", "builds", None)
+    else:
+        row = Row("W4", "watch save → published, 3 variants, warm vs 1 bare", "watch", "bare", 1.8)
+    argv = ["prebuild", "--cmd", COMMAND, "--crate-dir", CRATE_DIR, "--watch"]
     run = Running(
-        inv_argv(*argv, "--cluster-file", str(setup.three)),
+        inv_argv(*argv, *(["--timings"] if timings else []), "--cluster-file", str(setup.three)),
         setup.rig.root,
         setup.rig.environment(ENV),
     )
@@ -165,18 +234,23 @@ def watch_row(setup: Setup, reps: int) -> Row:
         wait_published(run, setup.project, published(setup.project), 900)
         time.sleep(2.0)  # the first cycle's verification and line, then quiet
         for rep in range(reps):
-            rev = f"W4{rep}"
+            rev = f"W4{'t' if timings else ''}{rep}"
             before = published(setup.project)
             saved = time.monotonic()
             flodl_crate.edit_main(setup.project / CRATE_DIR, rev)
             seconds = wait_published(run, setup.project, before) - saved
             time.sleep(1.0)  # the cycle's own last line, then quiet before the bare build
             check_published(setup.rig, setup.project, COMMAND, rev)
+            if timings:
+                wall, builds = last_cycle_builds(setup.project)
+                row.record(seconds - builds, builds)
+                log(
+                    f"W4t {rep + 1}/{reps}: {seconds:.2f}s, cycle {wall:.2f}s, builds {builds:.2f}s"
+                )
+                continue
             flodl_crate.edit_main(setup.copy / CRATE_DIR, rev)
             row.record(seconds, bare(setup.bare_argv, "fdl-bench-warm", 100 + rep))
-            log(
-                f"W4 rep {rep + 1}/{reps}: save → published {row.a[-1]:.2f}s, bare {row.b[-1]:.2f}s"
-            )
+            log(f"W4 rep {rep + 1}/{reps}: published {row.a[-1]:.2f}s, bare {row.b[-1]:.2f}s")
     finally:
         run.stop()
     return row
@@ -186,7 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.warm", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each row")
-    parser.add_argument("--only", default="W1,W4", help="row groups: W1 (W1-W3), W4")
+    parser.add_argument(
+        "--only", default="W0,W1,W4", help="row groups: W0 (W0, W2w), W1 (W1-W3), W4"
+    )
     args = parser.parse_args(argv)
     groups = {g.strip() for g in args.only.split(",") if g.strip()}
     shutil.rmtree(STATE, ignore_errors=True)
@@ -197,9 +273,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup = Setup(rig)
         if "W1" in groups:
             rows += loop_rows(setup, args.reps)
+        if "W0" in groups:
+            rows += floor_rows(setup, args.reps)
         if "W4" in groups:
-            rows.append(watch_row(setup, args.reps))
-        inv(rig, "clean", "--cluster-file", str(setup.three), env=ENV)  # no container left
+            rows.append(watch_row(setup, args.reps, timings=False))
+            rows.append(watch_row(setup, args.reps, timings=True))
+        for cluster in (setup.three, setup.bare_three_file):  # no warm container left
+            inv(rig, "clean", "--cluster-file", str(cluster), env=ENV)
         crates = setup.crates()
     report = {
         **when_and_where(load),
