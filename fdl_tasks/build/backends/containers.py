@@ -6,6 +6,7 @@ from fdl_tasks.build.backends.protocol import RunBackend
 from fdl_tasks.build.build_argv import JOB_LABEL, RUN_LABEL
 from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.docker_tools import remove_containers
+from fdl_tasks.build.warm_containers import WARM_LABEL
 
 #: What the docker client prints when its daemon goes away under a running build.
 DAEMON_LOST = (
@@ -50,4 +51,6 @@ class ContainerBackend(RunBackend):
         return warm + remove_containers(f"{RUN_LABEL}={self.run_id}")
 
     def run_note(self) -> str:
+        if self.warm is not None:
+            return f"warm containers labelled {WARM_LABEL}={self.controller.path}"
         return f"containers labelled {RUN_LABEL}={self.run_id}"
