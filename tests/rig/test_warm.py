@@ -260,3 +260,17 @@ def test_compose_builds_are_warm_too_and_byte_identical(rig: RigCluster) -> None
     done = rig.inv("clean", "--cluster-file", str(path))
     assert done.returncode == 0, done.stderr
     assert warm(rig, running=False) == []
+
+
+def test_a_timeout_kills_the_build_inside_the_container(rig: RigCluster) -> None:
+    """One build's timeout: that build fails, named; nothing of it left in its container."""
+    path = cluster_file(rig, "timeout.yaml", env={"FDL_FIXTURE_BUILD_SLEEP": "120"})
+    subprocess.run(["rm", "-rf", str(rig.project / "target")], check=True)
+    done = rig.inv(*prebuild_args(path, "--no-cache", "--timeout", "15"), timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("timed out after 15s") >= 3, done.stderr
+    names = warm(rig)
+    assert len(names) == 3, done.stderr
+    for name in names:
+        left = [p for p in processes(name) if re.search(r"cargo|rustc|build-script", p)]
+        assert left == [], (name, left)
