@@ -67,7 +67,7 @@ class Settings:
     nccl_mismatch: NcclMismatch = "warn"
     copy_window: Count = 8
     stale_warning_size: Size = "1G"
-    watch_debounce: Seconds = 0.1
+    watch_debounce: Seconds = 0.3
     watch_polling: Switch = False
     launch_wait: Seconds = 1800.0
     timings: Switch = False
