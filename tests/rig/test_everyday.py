@@ -150,7 +150,10 @@ def docker_calls(rig: RigCluster, name: str) -> tuple[dict[str, str], Path]:
 
 
 def containers_run(calls: Path) -> int:
-    return sum(1 for line in calls.read_text().splitlines() if line.startswith("run "))
+    """Builds started: each a ``docker run --rm``, or a ``docker exec`` in a warm container
+    (not the ``docker run -d`` that starts one)."""
+    lines = calls.read_text().splitlines()
+    return sum(1 for line in lines if line.startswith(("run --rm ", "exec ")))
 
 
 def marker_arch(directory: Path) -> str:
@@ -501,7 +504,7 @@ def test_a_misspelt_command_is_refused_at_once(rig: RigCluster) -> None:
     # "At once": before any host was dialled, not merely quickly.
     assert {host.name: connections_seen(rig, host.name) for host in HOSTS} == connections
     assert calls.read_text() == ""  # no docker command at all, so no container
-    assert containers(f"{OWNER_LABEL}={rig.owner}") == []
+    assert containers(f"{OWNER_LABEL}={rig.owner}", "fdl-tasks.run") == []  # no build's
     assert snapshot(rig.project / "target") == before  # no target dir, nothing touched
     assert {c: envelope_path(rig, c).read_bytes() for c in COMMANDS} == envelopes
 

@@ -186,8 +186,6 @@ class ComposeBackend(ContainerBackend):
 
     @property
     def tool(self) -> str:
-        if self.warm:
-            return f"docker exec in warm {' '.join(self.compose_argv)} containers"
         return f"{' '.join(self.compose_argv)} run"
 
     def toolchain(

@@ -52,5 +52,6 @@ class ContainerBackend(RunBackend):
 
     def run_note(self) -> str:
         if self.warm is not None:
-            return f"warm containers labelled {WARM_LABEL}={self.controller.path}"
+            where = f"{WARM_LABEL}={self.controller.path}"
+            return f"each a docker exec in a warm container labelled {where}"
         return f"containers labelled {RUN_LABEL}={self.run_id}"

@@ -187,12 +187,9 @@ def container_user() -> str | None:
 class DockerRunBackend(ContainerBackend):
     """``docker run --rm`` of ``controller.docker.image`` (or a cross setup's, or a vendor's)."""
 
+    tool = "docker run"
     mode: BuildMode = "docker"
     toolchain_key = "image"
-
-    @property
-    def tool(self) -> str:
-        return "docker exec in warm containers" if self.warm else "docker run"
 
     @property
     def docker(self) -> DockerSettings:
