@@ -292,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - started, 1),
         "rows": [row.to_json() for row in rows],
     }
-    write_atomically(RESULTS, json.dumps(report, indent=2) + "\n")
+    write_atomically(args.out, json.dumps(report, indent=2) + "\n")
     print(table(rows))
     return 0
 
