@@ -260,9 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.warm", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each row")
-    parser.add_argument(
-        "--only", default="W0,W1,W4", help="row groups: W0 (W0, W2w), W1 (W1-W3), W4"
-    )
+    groups_help = "row groups: W0 (W0, W2w), W1 (W1-W3), W4 (W4, W4t)"
+    parser.add_argument("--only", default="W0,W1,W4", help=groups_help)
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"default: {RESULTS}")
     args = parser.parse_args(argv)
     groups = {g.strip() for g in args.only.split(",") if g.strip()}
     shutil.rmtree(STATE, ignore_errors=True)
