@@ -42,6 +42,9 @@ from fdl_tasks.config.run import Run
 from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.core.reporting import Report, Severity
 
+#: The shortest idle timeout: a container must outlive the moment between its start and
+#: its first build's ``docker exec``, however loaded the machine.
+MIN_IDLE = 10
 #: Seconds a ``docker`` client call may take here (a start, a kill).
 DOCKER_TIMEOUT = 60
 
@@ -77,7 +80,8 @@ def run_warm(run: Run) -> WarmContainers | None:
     settings = run.settings
     if run.dry or not settings.warm_containers:
         return None
-    return WarmContainers(str(run.root), WarmSettings(int(settings.warm_idle)), run.say)
+    idle = max(MIN_IDLE, int(settings.warm_idle))
+    return WarmContainers(str(run.root), WarmSettings(idle), run.say)
 
 
 def _client() -> Any:
