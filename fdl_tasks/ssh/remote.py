@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 import fabric
 import paramiko
 from fabric.exceptions import GroupException
-from fabric.runners import Remote
 
 from fdl_tasks.config.model import Worker
 from fdl_tasks.config.settings import Settings
@@ -30,23 +29,7 @@ from fdl_tasks.ssh.login_facts import Identity, greet, load_identity, login_of, 
 from fdl_tasks.ssh.outcomes import Failure, Outcome, Reply
 from fdl_tasks.ssh.ssh_failures import describe_failure, key_file_failure, wants_greeting
 from fdl_tasks.ssh.sshconfig import host_key_options, read_config, ssh_config_block
-
-
-class FleetRemote(Remote):  # type: ignore[misc]
-    """Fabric's runner, woken by the channel's exit status instead of polling.
-
-    ``Runner.wait`` sleeps ``input_sleep`` between checks, in every group
-    thread at once: at hundreds of hosts the 10 ms default is GIL churn, and a
-    longer sleep adds its length to every round trip. Waiting on paramiko's
-    ``status_event`` ends the wait as soon as the command has exited; the
-    50 ms bound still notices dead reader threads.
-    """
-
-    input_sleep = 0.05
-
-    def wait(self) -> None:
-        while not (self.process_is_finished or self.has_dead_threads):
-            self.channel.status_event.wait(self.input_sleep)
+from fdl_tasks.ssh.transports import FleetRemote, hang_up, settle
 
 
 class _Hop(NamedTuple):
@@ -212,6 +195,7 @@ class Fleet:
                 return
             try:
                 self.connections[label].open()
+                settle(self.connections[label])
             except Exception as exc:  # any handshake failure is that host's failure
                 self.failed[label] = self._failure(label, exc)
                 self.connections[label].close()
@@ -289,7 +273,7 @@ class Fleet:
 
     def close(self) -> None:
         for connection in self.connections.values():
-            connection.close()
+            hang_up(connection)
 
     def __enter__(self) -> Fleet:
         return self
