@@ -152,16 +152,18 @@ def openssh_argv(fleet: FleetRig, parallel: int, script: str) -> list[str]:
 def run_openssh(fleet: FleetRig, count: int, parallel: int) -> dict[str, float]:
     """The probe on ``count`` hosts with OpenSSH clients, ``parallel`` at a time."""
     script = ProbeRequest(str(fleet.data), True, True).script()
-    addresses = "".join(f"{fleet.address(i)}\n" for i in range(count))
+    addresses = STATE / f"addresses-{count}"
+    addresses.write_text("".join(f"{fleet.address(i)}\n" for i in range(count)))
     started, machine = time.monotonic(), machine_cpu()
-    process = subprocess.Popen(
-        openssh_argv(fleet, parallel, script),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    output, _ = process.communicate(addresses)
+    with addresses.open() as stdin:
+        process = subprocess.Popen(
+            openssh_argv(fleet, parallel, script),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        output = process.stdout.read() if process.stdout else ""
     cpu, _ = wait_all([process])
     return {
         "wall": time.monotonic() - started,
