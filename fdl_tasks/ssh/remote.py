@@ -42,13 +42,13 @@ class _Hop(NamedTuple):
 
 
 class Fleet:
-    """Fabric connections to some workers; commands fan out in ThreadingGroups.
+    """Fabric connections to some workers; commands fan out over a bounded pool.
 
-    Hosts that get the same script share one group, and groups run
-    concurrently, so a whole fan-out costs one round trip of the slowest host.
-    Handshakes run ``settings.ssh_window`` at a time: a host's connect, banner
-    and auth clocks start when its own attempt starts, so hosts waiting their
-    turn are never charged for the controller's queue; each host's budget is
+    A collected fan-out opens and asks each host in turn, ``settings.ssh_sessions``
+    hosts at a time; a launch runs every host at once. Handshakes run
+    ``settings.ssh_window`` at a time: a host's connect, banner and auth clocks
+    start when its own attempt starts, so hosts waiting their turn are never
+    charged for the controller's queue; each host's budget is
     its own ``ConnectTimeout``, else ``settings.connect_timeout``. What is the
     same for every host (each known_hosts file, parsed once; one Fabric config
     per distinct ssh_config block; the loaded identity) is built once.
@@ -261,7 +261,7 @@ class Fleet:
             result = self.connections[label].run(
                 script, warn=True, timeout=timeout, in_stream=False, **output
             )
-        except Exception as exc:  # as a ThreadingGroup: any failure is that host's
+        except Exception as exc:  # any failure is that host's
             return self._failure(label, exc)
         return Reply(result.stdout, result.stderr, result.exited)
 
