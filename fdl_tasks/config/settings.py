@@ -46,6 +46,7 @@ class Settings:
     system_ssh_config: str = "/etc/ssh/ssh_config"
     connect_timeout: Seconds = 5.0
     ssh_window: Count = 32
+    ssh_sessions: Count = 128
     probe_timeout: Seconds = 20.0
     build_jobs: Count = 0
     build_timeout: Seconds = 3600.0

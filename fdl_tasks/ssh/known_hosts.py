@@ -15,11 +15,13 @@ import binascii
 import functools
 import hmac
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import paramiko
 from paramiko.pkey import UnknownKeyType
+
+from fdl_tasks.ssh.hashed_names import HASHED, HashedNames, unhash
 
 _PORT_NAME = re.compile(r"\[(?P<host>.*)\]:(?P<port>[0-9]+)")
 
@@ -50,16 +52,7 @@ def _glob(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(parts), re.IGNORECASE | re.DOTALL)
 
 
-@functools.lru_cache(maxsize=65536)
-def _unhash(hashed: str) -> tuple[bytes, bytes] | None:
-    """``|1|salt|hmac`` → ``(salt, hmac)``, decoded once per line."""
-    parts = hashed.split("|")
-    if len(parts) != 4:
-        return None
-    try:
-        return base64.b64decode(parts[2]), base64.b64decode(parts[3])
-    except (binascii.Error, ValueError):
-        return None
+_unhash = functools.lru_cache(maxsize=65536)(unhash)
 
 
 def _name_matches(name: str, patterns: Iterable[str]) -> bool:
@@ -122,24 +115,29 @@ class KeyMap(dict[str, paramiko.PKey]):
 
 
 class KnownHostsTable(paramiko.HostKeys):
-    """known_hosts lines indexed once: plain names in a dict, hashed names and patterns scanned.
+    """known_hosts lines indexed once: plain and hashed names in dicts, patterns scanned.
 
     ``paramiko.HostKeys.load`` checks each new line against all earlier ones
     (quadratic in the file's length) and ``lookup`` scans every entry; loading
     a file for each of N connections cost about 80 ms of controller CPU per
     host at 512 hosts. This indexes in one pass and looks plain host names up
-    in a dict; hashed names and patterns are matched by a scan, as OpenSSH does.
+    in a dict. Hashed names are :class:`~fdl_tasks.ssh.hashed_names.HashedNames`
+    (``known``: what an earlier run found them to be). Lines with patterns or
+    ``!``, and ``@revoked`` lines, are matched by a scan, as OpenSSH does.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, known: Mapping[str, str] | None = None) -> None:
+        self.hashed = HashedNames(known)
         self._clear()
         super().__init__()
 
     def _clear(self) -> None:
         #: Lines that cannot be used, as ``(line number, why)``: for a warning.
         self.skipped: list[tuple[int, str]] = []
+        self.hashed = HashedNames(self.hashed.remembered())  # the file re-read: same names
         self._by_name: dict[str, list[KnownLine]] = {}
-        self._scanned: list[KnownLine] = []  # hashed names and patterns
+        self._by_token: dict[str, list[KnownLine]] = {}  # hashed names
+        self._scanned: list[KnownLine] = []  # patterns
         self._revoked: list[KnownLine] = []
         self._entries: list[paramiko.hostkeys.HostKeyEntry] = []
         self._lines = 0  # lines read (and remembered), for line numbers
@@ -162,19 +160,23 @@ class KnownHostsTable(paramiko.HostKeys):
             self._revoked.append(entry)
             return
         self._entries.append(paramiko.hostkeys.HostKeyEntry(list(entry.names), entry.key))
-        if any(_is_pattern(n) or n.startswith("|1|") for n in entry.names):
+        if any(_is_pattern(n) for n in entry.names):
             self._scanned.append(entry)
-        else:
-            for name in entry.names:
+            return
+        for name in entry.names:
+            if not name.startswith(HASHED):
                 self._by_name.setdefault(name.lower(), []).append(entry)
+            elif self.hashed.add(name):  # a malformed one names no host
+                self._by_token.setdefault(name, []).append(entry)
 
     def entries(self, hostname: str) -> list[KnownLine]:
         """The trusted lines for that name (``host`` or ``[host]:port``), in file order."""
         name = hostname.lower()
         found = self._by_name.get(name, []) + [
-            e for e in self._scanned if _name_matches(name, e.names)
+            e for token in self.hashed.tokens_of(name) for e in self._by_token[token]
         ]
-        return sorted(found, key=lambda e: e.number) if len(found) > 1 else found
+        found += [e for e in self._scanned if _name_matches(name, e.names)]
+        return sorted({e.number: e for e in found}.values(), key=lambda e: e.number)
 
     def revokes(self, hostname: str, key: paramiko.PKey) -> bool:
         """Whether an ``@revoked`` line covering that name lists that key."""

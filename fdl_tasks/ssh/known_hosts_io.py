@@ -32,6 +32,7 @@ import attrs
 import paramiko
 
 from fdl_tasks.core.locks import FileLock
+from fdl_tasks.ssh.hashed_names_io import read_names, write_names
 from fdl_tasks.ssh.hostkey_policy import (
     DEFAULT_STRICT,
     HostKeyRefused,
@@ -53,16 +54,18 @@ class KnownHosts(KnownHostsTable):
     :meth:`record` appends a new host's key under a thread lock and the file's
     :class:`~fdl_tasks.core.locks.FileLock` (two runs at once), reading first what
     another run appended meanwhile: no line is lost and none is written twice.
-    ``filename`` ``None`` is a table in memory.
+    ``filename`` ``None`` is a table in memory. Its hashed names start from what
+    an earlier run found them to be (:mod:`fdl_tasks.ssh.hashed_names_io`).
     """
 
     def __init__(self, filename: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(filename) if filename is not None else None
+        self._names = read_names(self.path) if self.path is not None else {}
         #: Why the file could not be read at all ("" if it could, or is absent).
         self.unreadable = ""
         self._lock = threading.Lock()
         self._offset = 0  # bytes of the file read
-        super().__init__()
+        super().__init__(self._names)
         if self.path is not None and self.path.is_file():
             try:
                 self.load(self.path)
@@ -74,6 +77,12 @@ class KnownHosts(KnownHostsTable):
             data = stream.read()
         self._offset = len(data)
         self.parse(data)
+
+    def remember_names(self) -> None:
+        """Keep what the hashed names were found to be, for the next run, if it changed."""
+        if self.path is not None and (names := self.hashed.resolved()) != self._names:
+            write_names(self.path, names)
+            self._names = names
 
     def add(self, hostname: str, keytype: str, key: paramiko.PKey) -> None:
         """paramiko's API, under the lock that :meth:`record` takes."""
@@ -254,8 +263,11 @@ class SharedHostKeys:
 
     def take_added(self) -> list[str]:
         """One line per file for the keys accepted since the last call (as OpenSSH's
-        "Permanently added"); those keys are then said."""
+        "Permanently added"); those keys are then said, and the hashed names found
+        are remembered for the next run."""
         added, self._added[:] = list(self._added), []
+        for known in self._known_hosts.values():
+            known.remember_names()
         return added_lines(added)
 
     def _view(self, options: HostKeyOptions) -> KnownHostsView:

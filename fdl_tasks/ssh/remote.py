@@ -10,6 +10,7 @@ Fabric applies them as OpenSSH would (first value wins). Host keys, each host's
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +18,6 @@ from typing import Any, NamedTuple
 
 import fabric
 import paramiko
-from fabric.exceptions import GroupException
-from fabric.runners import Remote
 
 from fdl_tasks.config.model import Worker
 from fdl_tasks.config.settings import Settings
@@ -30,23 +29,7 @@ from fdl_tasks.ssh.login_facts import Identity, greet, load_identity, login_of, 
 from fdl_tasks.ssh.outcomes import Failure, Outcome, Reply
 from fdl_tasks.ssh.ssh_failures import describe_failure, key_file_failure, wants_greeting
 from fdl_tasks.ssh.sshconfig import host_key_options, read_config, ssh_config_block
-
-
-class FleetRemote(Remote):  # type: ignore[misc]
-    """Fabric's runner, woken by the channel's exit status instead of polling.
-
-    ``Runner.wait`` sleeps ``input_sleep`` between checks, in every group
-    thread at once: at hundreds of hosts the 10 ms default is GIL churn, and a
-    longer sleep adds its length to every round trip. Waiting on paramiko's
-    ``status_event`` ends the wait as soon as the command has exited; the
-    50 ms bound still notices dead reader threads.
-    """
-
-    input_sleep = 0.05
-
-    def wait(self) -> None:
-        while not (self.process_is_finished or self.has_dead_threads):
-            self.channel.status_event.wait(self.input_sleep)
+from fdl_tasks.ssh.transports import FleetRemote, hang_up, settle
 
 
 class _Hop(NamedTuple):
@@ -59,13 +42,13 @@ class _Hop(NamedTuple):
 
 
 class Fleet:
-    """Fabric connections to some workers; commands fan out in ThreadingGroups.
+    """Fabric connections to some workers; commands fan out over a bounded pool.
 
-    Hosts that get the same script share one group, and groups run
-    concurrently, so a whole fan-out costs one round trip of the slowest host.
-    Handshakes run ``settings.ssh_window`` at a time: a host's connect, banner
-    and auth clocks start when its own attempt starts, so hosts waiting their
-    turn are never charged for the controller's queue; each host's budget is
+    A collected fan-out opens and asks each host in turn, ``settings.ssh_sessions``
+    hosts at a time; a launch runs every host at once. Handshakes run
+    ``settings.ssh_window`` at a time: a host's connect, banner and auth clocks
+    start when its own attempt starts, so hosts waiting their turn are never
+    charged for the controller's queue; each host's budget is
     its own ``ConnectTimeout``, else ``settings.connect_timeout``. What is the
     same for every host (each known_hosts file, parsed once; one Fabric config
     per distinct ssh_config block; the loaded identity) is built once.
@@ -203,26 +186,33 @@ class Fleet:
         A host already open is not opened again; one that failed stays failed.
         """
         wanted = list(labels)
-        todo = [x for x in wanted if x not in self.failed and not self.connections[x].is_connected]
-
-        def attempt(label: str) -> None:
-            if label in self._unusable:  # never offered: said as what it is
-                login = login_of(self.connections[label])
-                self.failed[label] = key_file_failure(login, self._unusable[label].why)
-                return
-            try:
-                self.connections[label].open()
-            except Exception as exc:  # any handshake failure is that host's failure
-                self.failed[label] = self._failure(label, exc)
-                self.connections[label].close()
-
+        todo = [x for x in wanted if self._unopened(x)]
         if todo:
             window = self.settings.ssh_window or len(todo)
             with ThreadPoolExecutor(max_workers=min(window, len(todo))) as pool:
-                list(pool.map(attempt, todo))
-            for line in self._host_keys.take_added():
-                self.report(line, Severity.WARNING)
+                list(pool.map(self._attempt, todo))
+            self._say_added()
         return {x: self.failed[x] for x in wanted if x in self.failed}
+
+    def _unopened(self, label: str) -> bool:
+        return label not in self.failed and not self.connections[label].is_connected
+
+    def _attempt(self, label: str) -> None:
+        """One handshake; a failure is remembered as that host's."""
+        if label in self._unusable:  # never offered: said as what it is
+            login = login_of(self.connections[label])
+            self.failed[label] = key_file_failure(login, self._unusable[label].why)
+            return
+        try:
+            self.connections[label].open()
+            settle(self.connections[label])
+        except Exception as exc:  # any handshake failure is that host's failure
+            self.failed[label] = self._failure(label, exc)
+            self.connections[label].close()
+
+    def _say_added(self) -> None:
+        for line in self._host_keys.take_added():
+            self.report(line, Severity.WARNING)
 
     def run(
         self,
@@ -232,64 +222,52 @@ class Fleet:
     ) -> dict[str, Outcome]:
         """Run ``scripts[label]`` on each host; never raises for a host's failure.
 
-        Hosts with the same script share one ThreadingGroup; with ``streams``
-        (launch) each host's output goes, as it comes, to its own stream, so
-        each host is a group of its own.
+        Each host is opened (``ssh_window`` handshakes at a time) and asked in
+        turn, ``ssh_sessions`` hosts at a time, so the threads, and the work
+        each server sees at once, are bounded, however large the fleet. With
+        ``streams`` (launch), every host is opened first and then all run at
+        once, each host's output going, as it comes, to its own stream.
         """
         started = time.monotonic()
-        outcomes: dict[str, Outcome] = dict(self.open(scripts))
-        opened = time.monotonic()
-        self.rounds += [(label, started, opened, False) for label in outcomes]
-        groups: dict[tuple[str, str], list[str]] = {}
-        for label, script in scripts.items():
-            if label not in outcomes:
-                groups.setdefault((script, label if streams else ""), []).append(label)
-        pool = ThreadPoolExecutor(max_workers=max(1, len(groups)))
+        if streams:
+            self.open(scripts)
+        sessions = len(scripts) if streams else self.settings.ssh_sessions or len(scripts)
+        handshakes = threading.BoundedSemaphore(self.settings.ssh_window or len(scripts))
+
+        def ask(label: str) -> tuple[str, Outcome]:
+            if self._unopened(label):
+                with handshakes:
+                    self._attempt(label)
+            outcome = self.failed.get(label) or self._ask(label, scripts[label], timeout, streams)
+            self.rounds.append((label, started, time.monotonic(), isinstance(outcome, Reply)))
+            return label, outcome
+
+        pool = ThreadPoolExecutor(max_workers=max(1, min(sessions, len(scripts))))
         try:
-            jobs = [
-                pool.submit(self._timed_group, started, labels, script, timeout, streams)
-                for (script, _), labels in groups.items()
-            ]
-            for job in jobs:
-                outcomes.update(job.result())
+            outcomes = dict(pool.map(ask, scripts))
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # an interrupt must not wait here
+        self._say_added()
         return outcomes
 
-    def _timed_group(self, started: float, labels: list[str], *args: Any) -> dict[str, Outcome]:
-        done = self._run_group(labels, *args)
-        ended = time.monotonic()
-        self.rounds += [(x, started, ended, isinstance(o, Reply)) for x, o in done.items()]
-        return done
-
-    def _run_group(
-        self,
-        labels: list[str],
-        script: str,
-        timeout: float | None,
-        streams: Mapping[str, TextSink] | None,
-    ) -> dict[str, Outcome]:
-        group = fabric.ThreadingGroup.from_connections([self.connections[x] for x in labels])
+    def _ask(
+        self, label: str, script: str, timeout: float | None, streams: Mapping[str, TextSink] | None
+    ) -> Outcome:
         output: dict[str, Any] = {"hide": True}
         if streams:
-            stream = streams[labels[0]]
+            stream = streams[label]
             output = {"hide": False, "pty": False, "out_stream": stream, "err_stream": stream}
         try:
-            results = group.run(script, warn=True, timeout=timeout, in_stream=False, **output)
-        except GroupException as exc:
-            results = exc.result
-        outcomes: dict[str, Outcome] = {}
-        for label in labels:
-            result = results[self.connections[label]]
-            if isinstance(result, BaseException):
-                outcomes[label] = self._failure(label, result)
-            else:
-                outcomes[label] = Reply(result.stdout, result.stderr, result.exited)
-        return outcomes
+            result = self.connections[label].run(
+                script, warn=True, timeout=timeout, in_stream=False, **output
+            )
+        except Exception as exc:  # any failure is that host's
+            return self._failure(label, exc)
+        return Reply(result.stdout, result.stderr, result.exited)
 
     def close(self) -> None:
         for connection in self.connections.values():
-            connection.close()
+            hang_up(connection)
 
     def __enter__(self) -> Fleet:
         return self
