@@ -121,6 +121,7 @@ class StatusBoard:
             row = self._rows.pop(key, None)
         if self._progress is not None and row is not None and row.task is not None:
             self._progress.remove_task(row.task)
+            self._progress.refresh()  # gone before the result line is printed above
 
     def __enter__(self) -> StatusBoard:
         if self.live:
