@@ -85,11 +85,13 @@ class Tmux:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
 
 
-def watched(rig: RigCluster, path: Path, timeout: float = 600) -> tuple[list[str], str, int]:
+def watched(
+    rig: RigCluster, path: Path, *options: str, timeout: float = 600
+) -> tuple[list[str], str, int]:
     """``inv prebuild`` on a terminal: the screen left (history included), the raw bytes
     written to it, and the most live build lines seen on one screen."""
     env = rig.environment({"TERM": "xterm-256color"})
-    argv = ["env", "-C", str(rig.root), *inv_argv(*prebuild_args(path))]
+    argv = ["env", "-C", str(rig.root), *inv_argv(*prebuild_args(path, *options))]
     terminal = Tmux(rig.root, argv, env)
     most = 0
     try:
@@ -131,6 +133,13 @@ def test_a_cold_prebuild_of_three_variants_on_a_terminal(
         assert bars, (label, text[-2000:])
         assert any(done == total for done, total in bars), (label, bars[-3:])
         assert f"prebuild: {label} ({host}) ok in " in "\n".join(screen)
+
+
+def test_plain_on_a_terminal_writes_no_escape_code(rig: RigCluster, cluster_file: Path) -> None:
+    left, raw, most = watched(rig, cluster_file, "--plain")
+    assert left[-1] == "fdl-exit=0", "\n".join(left)
+    assert most == 0 and "\x1b" not in raw and "━" not in raw
+    assert "prebuild: cu128 (console-a) started" in left
 
 
 def break_main(rig: RigCluster, line: str) -> None:
