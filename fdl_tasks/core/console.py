@@ -23,7 +23,7 @@ from rich.text import Text
 
 
 class TextSink(Protocol):
-    """Anything build output can be written to: a file, a terminal, the status board."""
+    """Anything output can be written to: a file, a terminal, a prefixing stream."""
 
     def write(self, text: str, /) -> int: ...
 
@@ -39,6 +39,7 @@ def clock(seconds: float, expected: float | None = None) -> str:
 
 
 def units(done: int, total: int | None) -> str:
+    """``23/63 units`` once the total is known (cargo's first bar), else nothing."""
     return f"{done}/{total} units" if total else ""
 
 

@@ -2,7 +2,8 @@
 (tmux), each diagnostic once, and piped output with no escape codes.
 
 The project is :mod:`bench.flodl_crate` with 40 crates (37 generated ones,
-torch-sys, tch and the binary's package), built for three variants natively.
+torch-sys, tch and the binary's package), built for three variants natively (and
+once with ``docker run``: cargo's bar comes through a container too).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from bench import flodl_crate
 from rig.harness import RigCluster, inv_argv, prebuild_args, start_rig
 from rig.sshrig import HostSpec
 
-pytestmark = [pytest.mark.rig]
+pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
 HOSTS = [
     HostSpec("console-a", "127.0.0.43"),
@@ -43,7 +44,7 @@ ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    with start_rig(tmp_path_factory.mktemp("console"), HOSTS) as cluster:
+    with start_rig(tmp_path_factory.mktemp("console"), HOSTS, docker=True) as cluster:
         flodl_crate.generate(cluster.project, SIZE)
         flodl_crate.layout_variants(cluster.project, ABI)
         yield cluster
@@ -172,3 +173,16 @@ def test_a_variant_only_error_is_said_once_for_that_variant(
     assert said == ["error[E0308] in cpu: mismatched types"], done.stderr
     assert "1 of 3 build(s) failed" in done.stderr
     assert "prebuild: cu128 (console-a) ok in " in done.stderr
+
+
+def test_cargos_bar_comes_through_docker_run(rig: RigCluster) -> None:
+    """The progress flags are on cargo's command line: in a container too, piped."""
+    shutil.rmtree(rig.project / "target", ignore_errors=True)
+    workers = [rig.worker(h, arch=a) for h, a in ARCHS.items()]
+    path = rig.write(workers, "docker.yaml", docker=rig.docker_settings())
+    done = rig.inv(*prebuild_args(path), timeout=900)
+    assert done.returncode == 0, done.stderr
+    assert not ESCAPES.search(done.stderr) and "\r" not in done.stderr
+    progress = re.findall(r"^(cu128|cu126|cpu): (\d+)/(\d+) units, \d+ s", done.stderr, re.M)
+    assert progress, done.stderr
+    assert all(int(count) <= int(total) for _, count, total in progress)
