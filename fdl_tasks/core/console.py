@@ -139,6 +139,7 @@ class StatusBoard:
                 console=console,
                 transient=True,
                 refresh_per_second=4,
+                redirect_stdout=False,  # stdout is for --json, never the terminal's region
             )
             self._progress.start()
         else:
