@@ -8,7 +8,7 @@ from fdl_tasks.build.build_environment import Build, BuildEnvironment, BuildJob
 from fdl_tasks.build.build_view import job_labels, last_run_seconds, ran_line, result_line
 from fdl_tasks.build.build_view_io import BuildView
 from fdl_tasks.core.console import StatusBoard
-from fdl_tasks.core.reporting import Severity
+from fdl_tasks.core.reporting import Severity, collect
 
 
 def job(name: str, arch: str, *hosts: str) -> BuildJob:
@@ -71,3 +71,15 @@ def test_plain_output_prefixes_lines_logs_all_but_the_bar_and_groups_errors() ->
     assert logs[CPU.name].getvalue() == (
         "   Compiling main v0.1.0\nerror: expected expression, found `;`\n  --> src/main.rs:3:13\n"
     )
+
+
+def test_a_stopped_run_says_what_it_held() -> None:
+    out = io.StringIO()
+    with StatusBoard(out, live=False, every=60) as board:
+        view = BuildView(board, [CU128, CPU], collect([]), "prebuild")
+        stream = view.output(CU128, None)
+        stream.write("warning: unused variable: `x`\n")
+        stream.close()
+        assert out.getvalue() == ""  # cpu may still give it
+        view.close()
+    assert out.getvalue() == "warning in cu128: unused variable: `x`\n"
