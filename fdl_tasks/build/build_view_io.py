@@ -5,8 +5,9 @@ Each build's ``c.run`` writes into a :class:`BuildOutput`; what it says is cut
 by :class:`~fdl_tasks.build.cargo_output.CargoOutput`. Everything but the bar
 goes to the build's log; the bar feeds the build's live line; a diagnostic
 waits in the :class:`~fdl_tasks.build.diagnostics.Grouper` until it can be
-said once for every build that gave it. cargo's status lines (``Compiling``)
-show only in plain output; on a terminal the bar stands for them.
+said once for every build that gave it (other lines too: a build script's, the
+container tool's, ours). cargo's status lines (``Compiling``) show only in plain
+output; on a terminal the bar stands for them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TextIO
 
 from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_view import job_labels, own_strings, result_line, titled
-from fdl_tasks.build.cargo_output import CargoOutput, Diagnostic, Event, Other, Progress, StatusLine
+from fdl_tasks.build.cargo_output import CargoOutput, Diagnostic, Event, Other, Progress
 from fdl_tasks.build.diagnostics import Grouper
 from fdl_tasks.core.console import StatusBoard
 from fdl_tasks.core.reporting import Report
@@ -110,7 +111,7 @@ class BuildOutput:
             lines = event.lines if isinstance(event, Diagnostic) else (event.line,)
             if self.log:
                 self.log.write("".join(f"{line}\n" for line in lines))
-            if isinstance(event, Diagnostic):
-                self.view.diagnostic(self.job, event.lines)
-            elif isinstance(event, Other) or (isinstance(event, StatusLine) and not board.live):
+            if isinstance(event, Diagnostic | Other):  # said once for every build alike
+                self.view.diagnostic(self.job, lines)
+            elif not board.live:  # cargo's status lines: the bar stands for them live
                 board.say(f"[{self.label}] {event.line}")

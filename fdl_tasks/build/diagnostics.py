@@ -29,12 +29,13 @@ def normalized(lines: Sequence[str], own: Sequence[str]) -> str:
 
 
 def said(builds: Sequence[str], lines: Sequence[str]) -> list[str]:
-    """``error[E0425] in cu128, cpu: …`` and the rest of the diagnostic as it was."""
+    """``error[E0425] in cu128, cpu: …`` and the rest of the diagnostic as it was; any
+    other line prefixed ``[cu128, cpu]``."""
     head, *rest = lines
     named = ", ".join(builds)
     header = _HEADER.match(head)
     if header is None:
-        return [f"{named}: {head}", *rest]
+        return [f"[{named}] {head}", *rest]
     return [f"{header[1]}{header[2] or ''} in {named}: {head[header.end() :]}", *rest]
 
 

@@ -83,3 +83,16 @@ def test_a_stopped_run_says_what_it_held() -> None:
         assert out.getvalue() == ""  # cpu may still give it
         view.close()
     assert out.getvalue() == "warning in cu128: unused variable: `x`\n"
+
+
+def test_a_line_every_build_gives_alike_is_said_once() -> None:
+    out = io.StringIO()
+    with StatusBoard(out, live=False, every=60) as board:
+        view = BuildView(board, [CU128, CPU], collect([]), "prebuild")
+        for built in (CPU, CU128):
+            stream = view.output(built, None)
+            stream.write("fdl: changed by content since the last good build: src/main.rs\n")
+            stream.close()
+    assert out.getvalue() == (
+        "[cu128, cpu] fdl: changed by content since the last good build: src/main.rs\n"
+    )

@@ -60,4 +60,4 @@ def test_each_builds_own_paths_and_cargos_hashes_are_set_aside() -> None:
 
 
 def test_a_line_that_is_no_diagnostic_header_is_named_in_front() -> None:
-    assert said(["cpu"], ["Caused by:", "  x"]) == ["cpu: Caused by:", "  x"]
+    assert said(["cu128", "cpu"], ["Caused by:", "  x"]) == ["[cu128, cpu] Caused by:", "  x"]
