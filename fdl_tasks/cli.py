@@ -120,6 +120,8 @@ SHARED_HELP = {
     "no-warm": "a new container per docker build (docker run --rm), as before warm build "
     "containers (default: fdl.warm_containers)",
     "verbose": "every note, also those an earlier run said already (default: fdl.verbose)",
+    "plain": "plain lines even on a terminal: no live progress region, no escape codes "
+    "(default: fdl.plain; output that is not a terminal is always plain)",
     "timings": "write an HTML timeline of the run (with cargo's --timings report of each "
     "build) under target/cluster/_timings/ (default: fdl.timings)",
 }

@@ -64,13 +64,14 @@ def build_host(
     no_warm: bool = False,
     timings: bool = False,
     verbose: bool = False,
+    plain: bool = False,
     json: bool = False,
 ) -> None:
     """Build one host's binary against its own libtorch, verify it, update its envelope entry."""
     if not host:
         raise FdlError("--host is required: the label of the worker to build for")
     command = require_command(cmd)
-    options: dict[str, Any] = {**where, "verbose": verbose or None}
+    options: dict[str, Any] = {**where, "verbose": verbose or None, "plain": plain or None}
     run = Run.start(
         c,
         **options,
@@ -123,11 +124,20 @@ def prebuild(
     timings: bool = False,
     watch: bool = False,
     verbose: bool = False,
+    plain: bool = False,
     json: bool = False,
 ) -> None:
-    """Preflight, then build CMD once per remote build environment and publish its envelope."""
+    """Preflight, then build CMD once per remote build environment and publish its envelope.
+
+    On a terminal each running build has one live line: its variant and hosts, cargo's
+    units done out of the total, the time and the crates in flight. A diagnostic that
+    several builds give is said once, naming them. The summary's cache column: compiler
+    calls answered from the compile cache (sccache) out of the cacheable ones; dist R/C:
+    units compiled on the build servers out of the units compiled; '-' when sccache was
+    not asked (nothing compiled, or only binaries) or the cache is off.
+    """
     command = require_command(cmd)
-    options: dict[str, Any] = {**where, "verbose": verbose or None}
+    options: dict[str, Any] = {**where, "verbose": verbose or None, "plain": plain or None}
     if no_prebuild:
         pipeline.preflight(Run.start(c, **options), abi=False)
         return

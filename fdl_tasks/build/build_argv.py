@@ -12,6 +12,7 @@ import shlex
 from collections.abc import Mapping
 
 from fdl_tasks.build.build_environment import Build, BuildJob
+from fdl_tasks.build.cargo_output import PROGRESS_FLAGS
 from fdl_tasks.cache.compile_cache import CONTAINER_TARGET, CompileCache
 from fdl_tasks.cargo.cross_targets import cross_env
 from fdl_tasks.config.model import Controller
@@ -32,11 +33,13 @@ def assignments(variables: Mapping[str, str]) -> str:
 
 
 def cargo_argv(build: Build) -> list[str]:
-    """``cargo build --release [--features cuda] [--target T] --bin <cmd>`` (flodl's order)."""
+    """``cargo build --release [--features cuda] [--target T] --bin <cmd>`` (flodl's order),
+    then cargo's progress bar asked for even through a pipe (:data:`PROGRESS_FLAGS`)."""
     features = ["--features", ",".join(build.features)] if build.features else []
     target = ["--target", build.cross.target] if build.cross else []
     timings = ["--timings"] if build.timings else []
-    return ["cargo", "build", "--release", *features, *target, *timings, "--bin", build.command]
+    build_flags = [*features, *target, *timings, "--bin", build.command]
+    return ["cargo", "build", "--release", *build_flags, *PROGRESS_FLAGS]
 
 
 def cross_variables(build: Build) -> dict[str, str]:

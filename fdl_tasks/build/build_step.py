@@ -20,6 +20,7 @@ from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_order import concurrency, order_text
 from fdl_tasks.build.build_record_io import Records
+from fdl_tasks.build.build_view_io import BuildView
 from fdl_tasks.build.builder import Builder, JobResult
 from fdl_tasks.build.warm_containers_io import run_warm
 from fdl_tasks.cache.compile_cache import CompileCache, find_cache, open_cache
@@ -31,20 +32,13 @@ from fdl_tasks.core.console import StatusBoard, format_table
 from fdl_tasks.core.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.core.reporting import Severity
 
-#: What the summary's cache column means, printed under the table when it has counts.
-CACHE_NOTE = (
-    "cache: compiler calls answered from the compile cache (sccache) out of the cacheable "
-    "ones; dist R/C: units compiled on the build servers out of the units compiled; "
-    "'-' when sccache was not asked (nothing compiled, or only binaries: they go straight to "
-    "rustc) or the cache is off"
-)
-
 
 def summary_lines(results: Sequence[JobResult]) -> list[str]:
     """The final table: host, arch, build, result, seconds, binary, cache.
 
     ``rebuilt`` when cargo wrote a new binary, ``up to date`` when it had
-    nothing to do; the binary's short hash is what every host must see.
+    nothing to do; the binary's short hash is what every host must see. The cache
+    column's legend is in ``inv --help prebuild`` and docs/console.md, not on every run.
     """
     rows = [("host", "arch", "build", "result", "seconds", "binary", "cache")]
     for result in results:
@@ -56,14 +50,12 @@ def summary_lines(results: Sequence[JobResult]) -> list[str]:
         arch = f"{job.build.arch} ({job.build.cpu_arch})" if job.build.cpu_arch else job.build.arch
         seconds = f"{result.seconds:.1f}"
         rows += [(host, arch, build, state, seconds, binary, cache) for host in job.hosts]
-    lines = format_table(rows)
-    if any(result.cache for result in results):
-        lines.append(CACHE_NOTE)
-    return lines
+    return format_table(rows)
 
 
 def failure_report(result: JobResult, root: str) -> str:
-    """Everything needed to fix one failed build, in one place."""
+    """What to fix one failed build with: why, its values and its log (its diagnostics
+    were said as it ran, once for every build that gave them)."""
     job = result.job
     lines = [
         f"build {job.name} for {', '.join(job.hosts)} failed: {result.detail}",
@@ -74,9 +66,6 @@ def failure_report(result: JobResult, root: str) -> str:
     ]
     if (Path(root) / job.log_file).is_file():
         lines.append(f"  log:        {join_path(root, job.log_file)}")
-    if result.log_tail:
-        lines.append("  last lines of the log:")
-        lines += [f"    {line}" for line in result.log_tail.splitlines()]
     return "\n".join(lines)
 
 
@@ -130,14 +119,15 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
     if settings.compile_cache and not run.dry:
         say_cache(run, backend.cache)
     at_once = concurrency(settings.build_jobs, jobs, run.root)
-    with StatusBoard(label=run.task) as board:
+    with StatusBoard(live=False if settings.plain else None) as board:
+        view = BuildView(board, jobs, run.report, run.task)
         builder = Builder(
             run.c,
             run.root,
             backend,
             timeout=settings.build_timeout,
             jobs=at_once,
-            board=board,
+            view=view,
             records=build_records(run, backend),
         )
         if run.dry:
@@ -154,6 +144,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
         try:
             results = builder.run_all(jobs, first)
         except KeyboardInterrupt:
+            view.close()
             if builder.left_running:
                 for line in builder.left_running:
                     run.say(f"warning: {line}", Severity.WARNING)

@@ -27,13 +27,14 @@ from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_order import head_start
 from fdl_tasks.build.build_record import forced_line
 from fdl_tasks.build.build_record_io import Records
+from fdl_tasks.build.build_view import last_run_seconds, ran_line
+from fdl_tasks.build.build_view_io import BuildView
 from fdl_tasks.cache.cache_stats import CacheStats, read_stats
 from fdl_tasks.cargo.manifests import changed_since
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import copy_atomically, log_tail
 from fdl_tasks.core.binary_files import file_sha256
-from fdl_tasks.core.console import PrefixedLines, StatusBoard
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
 
 #: What the board says of a build whose record shows nothing changed.
@@ -73,11 +74,11 @@ class Builder:
         *,
         timeout: float,
         jobs: int,
-        board: StatusBoard,
+        view: BuildView,
         records: Records | None = None,
     ) -> None:
         self.c, self.root, self.backend, self.cache = c, root, backend, backend.cache
-        self.timeout, self.jobs, self.board, self.records = timeout, jobs, board, records
+        self.timeout, self.jobs, self.view, self.records = timeout, jobs, view, records
         self._processes: dict[str, tuple[BuildJob, int]] = {}
         self._lock = threading.Lock()
         #: What a stop or a timeout could not remove, each line with the command that does.
@@ -142,7 +143,7 @@ class Builder:
             detail = f"libtorch not found: {lib} is not a directory"
             result = JobResult(job=job, ok=False, seconds=0.0, detail=detail)
         else:
-            self.board.started(job.name)
+            self.view.started(job, last_run_seconds(log_tail(self.root / job.log_file, 1)))
             try:
                 result = self._build(job, started)
             except OSError as exc:
@@ -153,8 +154,8 @@ class Builder:
                     job=job, ok=False, seconds=time.monotonic() - started, detail=detail
                 )
         stopped = not result.ok and self.stopping.is_set()  # by the user: not a failure
-        self.board.finished(
-            job.name, ok=result.ok, seconds=result.seconds, detail=result.detail, stopped=stopped
+        self.view.finished(
+            job, ok=result.ok, seconds=result.seconds, detail=result.detail, stopped=stopped
         )
         return attrs.evolve(result, started=started)
 
@@ -178,7 +179,7 @@ class Builder:
         before = _size_and_mtime(built)
         log_path = self.root / job.log_file
         with log_path.open("w", encoding="utf-8") as log:
-            stream = PrefixedLines(job.name, log, self.board)
+            stream = self.view.output(job, log)
             if check and check.verdict.forced:
                 stream.write(forced_line(check.verdict, self.root) + "\n")
             promise: Any = self.c.run(
@@ -204,8 +205,9 @@ class Builder:
                 deadline.cancel()
                 with self._lock:
                     self._processes.pop(job.name, None)
-            stream.close_line()
-        seconds = time.monotonic() - started
+            stream.close()
+            seconds = time.monotonic() - started
+            log.write(ran_line(seconds, exit_code) + "\n")
         problem = None
         if expired.is_set():
             problem = f"timed out after {self.timeout:g}s"

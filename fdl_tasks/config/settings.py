@@ -74,6 +74,8 @@ class Settings:
     timings: Switch = False
     #: Every note, also those said already on an earlier run (``-v``).
     verbose: Switch = False
+    #: Plain lines even on a terminal: no live region (``--plain``; a pipe is always plain).
+    plain: Switch = False
 
     @classmethod
     def from_config(cls, fdl: Mapping[str, Any], **options: Any) -> Settings:

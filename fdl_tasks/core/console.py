@@ -1,7 +1,10 @@
-"""What a user watches: build output prefixed by build, a live status line, tables.
+"""What a user watches: live build progress on a terminal, plain lines elsewhere; tables.
 
-On a terminal the last line shows what is running, redrawn twice a second;
-in a pipe or CI log there are plain lines instead.
+The live region is rich's (``rich.progress.Progress`` under ``rich.live``): it
+keeps to the terminal's width, redraws on resize, prints what is said while it
+runs above itself and erases itself at the end; this module writes no escape
+code of its own. In a pipe, a CI log or with ``--plain`` there are plain lines
+only, and one progress line per running build every few seconds.
 """
 
 from __future__ import annotations
@@ -12,94 +15,154 @@ import time
 from collections.abc import Sequence
 from typing import Protocol, TextIO
 
+import attrs
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
+from rich.table import Column
+from rich.text import Text
+
 
 class TextSink(Protocol):
-    """Anything build output can be written to: a file, a terminal, the status board."""
+    """Anything output can be written to: a file, a terminal, a prefixing stream."""
 
     def write(self, text: str, /) -> int: ...
 
     def flush(self) -> None: ...
 
 
-class StatusBoard:
-    """Where build output goes: plain lines, plus a live status line on a terminal.
+def clock(seconds: float, expected: float | None = None) -> str:
+    """``12 s``, with ``~28 s left`` when a last run's time says how long it takes."""
+    text = f"{seconds:.0f} s"
+    if expected is not None and expected > seconds:
+        text += f", ~{expected - seconds:.0f} s left"
+    return text
 
-    On a TTY the last line shows what is running (with elapsed time), done and
-    failed, redrawn every half second; elsewhere (CI logs) only plain lines.
+
+def units(done: int, total: int | None) -> str:
+    """``23/63 units`` once the total is known (cargo's first bar), else nothing."""
+    return f"{done}/{total} units" if total else ""
+
+
+@attrs.define
+class _Row:
+    name: str
+    started: float
+    expected: float | None
+    task: TaskID | None = None
+    done: int = 0
+    total: int | None = None
+
+
+class _Count(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.completed:.0f}/{task.total:.0f}" if task.total else "")
+
+
+class _Clock(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        return Text(clock(task.elapsed or 0.0, task.fields.get("expected")))
+
+
+class StatusBoard:
+    """Where running things show: one live line each on a terminal, else plain lines.
+
+    ``live`` defaults to whether ``stream`` is a terminal; ``every`` is how often, in
+    seconds, plain output says each running thing's progress. What is printed while
+    the live region runs (this board's :meth:`say`, or anything written to
+    ``sys.stderr``) shows above it.
     """
 
     def __init__(
-        self, stream: TextIO = sys.stderr, live: bool | None = None, label: str = "prebuild"
+        self, stream: TextIO | None = None, live: bool | None = None, every: float = 5.0
     ) -> None:
-        self.stream, self.label = stream, label
-        self.live = stream.isatty() if live is None else live
-        self.lock = threading.Lock()
-        self.running: dict[str, float] = {}
-        self.done = self.failed = 0
+        self.stream = sys.stderr if stream is None else stream
+        self.live = self.stream.isatty() if live is None else live
+        self.every = every
+        self._lock = threading.Lock()
+        self._rows: dict[str, _Row] = {}
+        self._progress: Progress | None = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
 
-    def write(self, text: str) -> int:
-        with self.lock:
-            self.stream.write(("\r\033[K" if self.live else "") + text)
-            self._draw()
-        return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def started(self, name: str) -> None:
-        with self.lock:
-            self.running[name] = time.monotonic()
-        if not self.live:
-            self.write(f"{self.label}: {name} started\n")
-
-    def finished(
-        self, name: str, *, ok: bool, seconds: float, detail: str = "", stopped: bool = False
-    ) -> None:
-        """A build's end: ok (with a note), FAILED with why, or ``stopped`` (by the user:
-        no failure)."""
-        with self.lock:
-            self.running.pop(name, None)
-            if ok:
-                self.done += 1
-            elif not stopped:
-                self.failed += 1
-        if ok:
-            state = f"ok ({detail})" if detail else "ok"
-        else:
-            state = "stopped" if stopped else f"FAILED ({detail})"
-        self.write(f"{self.label}: {name} {state} in {seconds:.1f}s\n")
-
-    def _draw(self) -> None:
-        if not self.live:
+    def say(self, line: str) -> None:
+        """A line above the live region (or the next plain line)."""
+        if self._progress is not None:
+            self._progress.console.out(line, highlight=False)
             return
-        now = time.monotonic()
-        running = ", ".join(f"{n} {now - t:.0f}s" for n, t in self.running.items())
-        self.stream.write(
-            f"\r\033[K[running: {running or '-'} | done {self.done} | failed {self.failed}]"
-        )
-        self.stream.flush()
+        with self._lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def started(
+        self, key: str, title: str, *, name: str = "", expected: float | None = None
+    ) -> None:
+        """``key`` runs from now: ``title`` on its live line, ``name`` in its plain
+        progress lines (``title`` by default), ``expected`` seconds from its last run."""
+        row = _Row(name or title, time.monotonic(), expected)
+        if self._progress is not None:
+            row.task = self._progress.add_task(title, total=None, current="", expected=expected)
+        with self._lock:
+            self._rows[key] = row
+
+    def progress(self, key: str, done: int, total: int, current: str) -> None:
+        """``done`` units out of ``total``, ``current`` what is in flight."""
+        with self._lock:
+            row = self._rows.get(key)
+            if row is None:
+                return
+            row.done, row.total = done, total
+        if self._progress is not None and row.task is not None:
+            self._progress.update(row.task, completed=done, total=total, current=current)
+            if done == total:  # drawn before the line gives way to the result
+                self._progress.refresh()
+
+    def finished(self, key: str) -> None:
+        """``key`` ended: its live line goes (its result is the caller's to say)."""
+        with self._lock:
+            row = self._rows.pop(key, None)
+        if self._progress is not None and row is not None and row.task is not None:
+            self._progress.remove_task(row.task)
+            self._progress.refresh()  # gone before the result line is printed above
 
     def __enter__(self) -> StatusBoard:
         if self.live:
+            console = Console(file=self.stream, force_terminal=True, highlight=False)
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=24),
+                _Count(),
+                _Clock(),
+                TextColumn(
+                    "{task.fields[current]}",
+                    table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
+                ),
+                console=console,
+                transient=True,
+                refresh_per_second=4,
+                redirect_stdout=False,  # stdout is for --json, never the terminal's region
+            )
+            self._progress.start()
+        else:
             self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()
         return self
 
     def _tick(self) -> None:
-        while not self._stop.wait(0.5):
-            with self.lock:
-                self._draw()
+        while not self._stop.wait(self.every):
+            now = time.monotonic()
+            with self._lock:
+                rows = list(self._rows.values())
+            for row in rows:
+                said = [units(row.done, row.total), clock(now - row.started, row.expected)]
+                self.say(f"{row.name}: " + ", ".join(filter(None, said)))
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
-        if self.live:
-            with self.lock:
-                self.stream.write("\r\033[K")
-                self.stream.flush()
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
 
 
 class PrefixedLines:

@@ -28,8 +28,12 @@ class Report(Protocol):
 
 
 def report_to_stderr(line: str, severity: Severity = Severity.PROGRESS, /) -> None:
-    """Progress and diagnostics go to stderr; stdout is for what ``--json`` asks for."""
-    print(line, file=sys.stderr, flush=True)
+    """Progress and diagnostics go to stderr; stdout is for what ``--json`` asks for.
+
+    One write per line: builds report from their own threads, and ``print`` writes
+    the newline apart, where another thread's line could come between."""
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()
 
 
 def collect(lines: list[str]) -> Report:

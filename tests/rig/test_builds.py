@@ -180,7 +180,8 @@ def test_broken_hosts_fail_together_and_others_finish(rig: RigCluster) -> None:
     assert "build pascal for pascal failed: cargo exited 101" in done.stderr
     assert "build ada for ada failed: cargo exited 101" in done.stderr
     assert "has no lib/" in done.stderr or "libtorch.so does not exist" in done.stderr
-    assert "prebuild: blackwell ok" in done.stderr and "prebuild: cpu-node ok" in done.stderr
+    assert "prebuild: cu128 (blackwell) ok" in done.stderr
+    assert "prebuild: cpu (cpu-node) ok" in done.stderr
     assert not (rig.project / "target/cluster/_envelopes/ddp-bench.json").exists()
     assert "Traceback" not in done.stderr
 

@@ -171,7 +171,8 @@ def test_container_killed_from_outside_fails_that_build_only(rig: RigCluster) ->
     assert "1 of 3 build(s) failed" in run.stderr
     assert "cargo exited 137" in run.stderr
     assert "build beta for beta failed" in run.stderr
-    assert "prebuild: alpha ok" in run.stderr and "prebuild: gamma ok" in run.stderr
+    assert "prebuild: cu128 (alpha) ok" in run.stderr
+    assert "prebuild: cpu (gamma) ok" in run.stderr
     assert run_containers(run) == []
     assert not (rig.project / ENVELOPE).exists()
 
@@ -273,7 +274,8 @@ def test_sshd_killed_mid_probe_is_a_warning(rig: RigCluster) -> None:
 
 
 def test_live_status_line_on_a_real_terminal(rig: RigCluster) -> None:
-    """stderr on a pseudo-terminal: the status line is drawn, redrawn and erased."""
+    """stderr on a pseudo-terminal: each build's live line is drawn (rich's codes),
+    redrawn, and gone once the last result is said."""
     path = cluster(rig, "tty.yaml", docker=False)
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
@@ -292,6 +294,10 @@ def test_live_status_line_on_a_real_terminal(rig: RigCluster) -> None:
     os.close(controller)
     assert process.wait(timeout=60) == 0
     text = seen.decode()
-    assert "\r\x1b[K[running: " in text and "| done 0 | failed 0]" in text
-    assert "prebuild: alpha started" not in text  # plain lines are for pipes only
-    assert text.count("[running: ") > 2  # redrawn while the builds run
+    for title in ("cu128 (alpha)", "cu126 (beta)", "cpu (gamma)"):
+        bar = rf"{re.escape(title)} +(\x1b\[[0-9;]*m)?━"  # its live line: label, then bar
+        assert re.search(bar, text), title
+        assert f"prebuild: {title} ok in " in text
+        assert f"prebuild: {title} started" not in text  # plain lines are for pipes only
+    assert text.count("\x1b[2K") > 2  # rich erases and redraws the live lines
+    assert text.rindex("━") < text.rindex(" ok in ")  # none left after the last result

@@ -33,8 +33,9 @@ ARCHS = {
 }
 #: Builds at once are what these tests count: no compile cache (its first build runs alone).
 ENV = {"INVOKE_FDL_COMPILE_CACHE": "0"}
-STARTED = re.compile(r"^prebuild: (\S+) started$")
-ENDED = re.compile(r"^prebuild: (\S+) (ok|FAILED|stopped)\b")
+#: A build's plain lines: ``prebuild: cu128 (node-blackwell) started``, ``… ok in 1.2s``.
+STARTED = re.compile(r"^prebuild: (\S+ \([^)]*\)) started$")
+ENDED = re.compile(r"^prebuild: (\S+ \([^)]*\)) (ok|FAILED|stopped)\b")
 
 
 @pytest.fixture(scope="module")

@@ -96,8 +96,8 @@ def test_a_prebuild_says_how_its_builds_run_and_a_healthy_preflight_in_one_line(
         "then 1 at a time (run "
     ) in first.stderr, first.stderr
     lines = first.stderr.splitlines()
-    started = [i for i, line in enumerate(lines) if re.match(r"^prebuild: \S+ started$", line)]
-    ended = [i for i, line in enumerate(lines) if re.match(r"^prebuild: \S+ ok in ", line)]
+    started = [i for i, line in enumerate(lines) if re.match(r"^prebuild: .+ started$", line)]
+    ended = [i for i, line in enumerate(lines) if re.match(r"^prebuild: \S+ \(.*\) ok in ", line)]
     assert ended[0] < started[1], first.stderr  # really one after the other
     again = rig.inv("prebuild", "--cmd", "ddp-bench", "--cluster-file", str(path), timeout=600)
     assert again.returncode == 0, again.stderr

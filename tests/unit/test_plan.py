@@ -17,6 +17,9 @@ from fdl_tasks.config.loader import parse_cluster
 from fdl_tasks.config.model import Cluster, ComposeService, DockerSettings
 from fdl_tasks.core.errors import FdlError
 
+#: cargo's progress bar, asked for through the pipe at the end of every build's cargo line.
+PROGRESS_ARGV = ["--config", 'term.progress.when="always"', "--config", "term.progress.width=200"]
+
 
 def cluster(archs: dict[str, str], docker: dict[str, object] | None = None) -> Cluster:
     controller: dict[str, object] = {"path": "/srv/my proj"}
@@ -89,7 +92,8 @@ def test_docker_command_is_quoted_and_complete() -> None:
     assert "CARGO_TARGET_DIR=/workspace/target/cluster/a/precompiled-cu128" in argv
     assert "LIBTORCH_PATH=/opt/libtorch" in argv and "X=a b" in argv
     assert argv[argv.index("--user") + 1] == "1000:1000"
-    assert argv[-10:] == [
+    assert argv[-4:] == PROGRESS_ARGV
+    assert argv[-14:-4] == [
         "--gpus",
         "all",
         "flodl:12.8",
@@ -111,13 +115,13 @@ def test_native_command() -> None:
         "cd '/srv/my proj' && exec setsid env "
         "'LIBTORCH_PATH=/srv/my proj/libtorch/precompiled/cpu' "
         "'CARGO_TARGET_DIR=/srv/my proj/target/cluster/a/precompiled-cpu' "
-        "cargo build --release --bin bench"
+        "cargo build --release --bin bench " + shlex.join(PROGRESS_ARGV)
     )
 
 
 FLODL_INNER = (
     "cd /workspace/ddp-bench && CARGO_TARGET_DIR=/workspace/target/cluster/{target} "
-    "cargo build --release {features}--bin ddp-bench"
+    "cargo build --release {features}--bin ddp-bench " + shlex.join(PROGRESS_ARGV)
 )
 
 

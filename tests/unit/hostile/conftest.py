@@ -272,7 +272,9 @@ def host_binary(path: str, label: str, arch: str, command: str) -> str:
 
 def cargo_tail(command: str, arch: str) -> list[str]:
     features = ["--features", "cuda"] if cargo_features(arch) else []
-    return ["cargo", "build", "--release", *features, "--bin", command]
+    # cargo's progress bar, asked for through the pipe (the live display reads it)
+    progress = ["--config", 'term.progress.when="always"', "--config", "term.progress.width=200"]
+    return ["cargo", "build", "--release", *features, "--bin", command, *progress]
 
 
 # ---------------------------------------------------------------------------
