@@ -27,6 +27,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from fdl_tasks.build.warm_containers_io import remove_project_containers
 from rig.cross import add_aarch64_variant, ensure
 from rig.harness import bring_up
 from rig.project import FIXTURE_DIR, write_compose_file
@@ -114,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         up(rig, [spec for spec in hosts if not (args.no_aarch64 and spec.emulate)])
     else:
         rig.down()
+        for line in remove_project_containers(str(PROJECT)):  # its warm build containers
+            print(f"demo: {line}")
         print("demo rig down")
     return 0
 

@@ -180,7 +180,8 @@ def test_cargos_bar_comes_through_docker_run(rig: RigCluster) -> None:
     shutil.rmtree(rig.project / "target", ignore_errors=True)
     workers = [rig.worker(h, arch=a) for h, a in ARCHS.items()]
     path = rig.write(workers, "docker.yaml", docker=rig.docker_settings())
-    done = rig.inv(*prebuild_args(path), timeout=900)
+    # cold, without the compile cache: builds long enough for a progress line every 5 s
+    done = rig.inv(*prebuild_args(path), "--no-cache", timeout=900)
     assert done.returncode == 0, done.stderr
     assert not ESCAPES.search(done.stderr) and "\r" not in done.stderr
     progress = re.findall(r"^(cu128|cu126|cpu): (\d+)/(\d+) units, \d+ s", done.stderr, re.M)
