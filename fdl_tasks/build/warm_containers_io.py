@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import textwrap
 import threading
 import time
 from collections.abc import Sequence
@@ -130,7 +131,7 @@ class WarmContainers:
             if entrypoint := self._entrypoint(image_id):
                 self._say_once(
                     f"{image}: builds run in a container each (not warm): the image has an "
-                    f"entrypoint ({entrypoint}), which docker exec would skip"
+                    f"entrypoint ({textwrap.shorten(entrypoint, 60)}), which docker exec would skip"
                 )
                 return None
             self._ensure(job, name, image_id, start or run_start(options))
