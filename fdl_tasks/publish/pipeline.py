@@ -39,6 +39,7 @@ from fdl_tasks.preflight.login_verdicts import preflight_error
 from fdl_tasks.preflight.preflight import cross_cpu_archs, dry_run_lines, run_preflight
 from fdl_tasks.preflight.probe import HostVerdict
 from fdl_tasks.preflight.probe_report import note_lines, report_lines
+from fdl_tasks.publish.delivery import copy_hosts
 from fdl_tasks.publish.delivery_io import copy_step
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.freshness import write_sources
@@ -217,7 +218,10 @@ def build_and_publish(
         # Withdraw first: if this run fails, nothing may point a launcher at
         # binaries that are now stale.
         envelope.withdraw(run.root, command)
-        results = run_builds(run, backend, jobs)
+        # The hosts that will be asked log in while cargo works.
+        copies = {w.host for w in copy_hosts(run.cluster, run.remotes)}
+        with fleet.opening(h for h in envelopes if run.settings.verify or h in copies):
+            results = run_builds(run, backend, jobs)
         built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
         copy_step(run, fleet, envelopes, built)  # copy hosts: upload what is missing
         verification = verify_hosts(run, fleet, envelopes, built) if run.settings.verify else None

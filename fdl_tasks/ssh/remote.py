@@ -9,10 +9,11 @@ Fabric applies them as OpenSSH would (first value wins). Host keys, each host's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -71,6 +72,7 @@ class Fleet:
         self._configs: dict[str, fabric.Config] = {}
         self._identities: dict[str, Identity] = {}
         self._unusable: dict[str, Identity] = {}  # hosts whose identity is no private key
+        self._closed = False
         self.connections: dict[str, fabric.Connection] = {
             label: self._connect(w, report) for label, w in self.workers.items()
         }
@@ -194,6 +196,22 @@ class Fleet:
             self._say_added()
         return {x: self.failed[x] for x in wanted if x in self.failed}
 
+    @contextlib.contextmanager
+    def opening(self, labels: Iterable[str]) -> Iterator[None]:
+        """Handshake with these hosts in the background while the body runs (a watch
+        cycle's builds), so that what follows pays its round trips, not the logins.
+
+        Leaving normally waits for the handshakes; leaving by an exception does not
+        (a stop must not wait on a slow host): :meth:`close` hangs up what they open.
+        """
+        todo = [x for x in labels if self._unopened(x)]
+        opener = threading.Thread(target=self.open, args=(todo,), daemon=True, name="fdl-open")
+        if todo:
+            opener.start()
+        yield
+        if todo:
+            opener.join()
+
     def _unopened(self, label: str) -> bool:
         return label not in self.failed and not self.connections[label].is_connected
 
@@ -209,6 +227,8 @@ class Fleet:
         except Exception as exc:  # any handshake failure is that host's failure
             self.failed[label] = self._failure(label, exc)
             self.connections[label].close()
+        if self._closed:  # opened in the background after close() (an interrupted build)
+            hang_up(self.connections[label])
 
     def _say_added(self) -> None:
         for line in self._host_keys.take_added():
@@ -266,6 +286,7 @@ class Fleet:
         return Reply(result.stdout, result.stderr, result.exited)
 
     def close(self) -> None:
+        self._closed = True
         for connection in self.connections.values():
             hang_up(connection)
 

@@ -11,9 +11,10 @@ a cycle whenever a file the build depends on changes:
   or its whole package when it declares nothing, as cargo does; each variant's
   ``libtorch/<arch>``; the cluster file (re-read, then preflight again). Never
   ``target/``, VCS or tool caches, editor swap files, or what the tool writes;
-- when (:mod:`.debounce`): a burst of saves is one cycle once the tree is
-  quiet for ``fdl.watch_debounce`` seconds; saves during a cycle queue exactly
-  one more after it; a cycle in progress is never cut short;
+- when (:mod:`.debounce`): a save after ``fdl.watch_debounce`` seconds of calm
+  starts a cycle at once; the rest of a burst, and saves during a cycle, become
+  exactly one more, once the tree is quiet that long; a cycle in progress is
+  never cut short;
 - how (:mod:`~fdl_tasks.tree.roots`, :mod:`.polling`, :mod:`.filewatch`): inotify
   (``watchfiles``) over the workspace but ``target/``, or our own polling
   (:mod:`~fdl_tasks.tree.scan`, :mod:`~fdl_tasks.tree.snapshot`: ns mtime and ctime, size,

@@ -19,10 +19,15 @@ LONGEST_FACTOR = 10
 
 @attrs.define
 class Debouncer:
-    """Changes collect into one pending batch. It is due once nothing has changed
-    for ``quiet`` seconds (or ``longest`` after its first change, so a steady
-    trickle cannot starve the build), and never while a cycle builds: what
-    changes then becomes exactly one batch, due after it.
+    """Changes collect into one pending batch, never started while a cycle builds:
+    what changes then becomes exactly one batch, due after it.
+
+    A change after ``quiet`` seconds of calm (a lone save) is due at once: waiting
+    out a debounce would only delay the build it is sure to need. Any other batch
+    (the rest of a burst, what was saved during a cycle, one that begins with a
+    removal: an editor saving by rename, a checkout, half done) is due once
+    nothing has changed for ``quiet`` seconds, or ``longest`` after its first
+    change, so a steady trickle cannot starve the build.
     """
 
     quiet: float
@@ -31,6 +36,9 @@ class Debouncer:
     changes: dict[str, ChangeKind] = attrs.field(factory=dict)
     first: float | None = None
     last: float | None = None
+    #: The newest change of any batch, and whether the pending batch began after calm.
+    latest: float | None = None
+    at_once: bool = False
 
     @classmethod
     def for_watch(cls, debounce: float, polling: bool) -> Debouncer:
@@ -39,18 +47,23 @@ class Debouncer:
         quiet = max(debounce, 1.5 * POLL_MS / 1000) if polling else debounce
         return cls(quiet, LONGEST_FACTOR * quiet, building=True)
 
-    def add(self, changes: Mapping[str, ChangeKind], now: float) -> None:
+    def add(self, changes: Mapping[str, ChangeKind], now: float, settle: bool = False) -> None:
+        """``settle``: these changes include a removal, so the batch waits to be quiet."""
         if not changes:
             return
         self.changes.update(changes)
         if self.first is None:
             self.first = now
-        self.last = now
+            calm = self.latest is None or now - self.latest >= self.quiet
+            self.at_once = calm and not self.building and not settle
+        self.last = self.latest = now
 
     def due_at(self) -> float | None:
         """When the pending batch starts (``None``: nothing pending, or a cycle builds)."""
         if self.building or self.first is None or self.last is None:
             return None
+        if self.at_once:
+            return self.first
         return min(self.last + self.quiet, self.first + self.longest)
 
     def due(self, now: float) -> bool:
@@ -63,6 +76,7 @@ class Debouncer:
             raise RuntimeError("a cycle is already building")
         batch, self.changes = self.changes, {}
         self.first = self.last = None
+        self.at_once = False
         self.building = True
         return batch
 

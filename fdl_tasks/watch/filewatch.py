@@ -33,7 +33,7 @@ Changes = set[tuple[watchfiles.Change, str]]
 #: A look at the plan's tree: the last look in (``None``: the first), the new one out.
 Look = Callable[[WatchPlan, Snapshot | None], Snapshot]
 #: inotify: a batch ends after this many ms without events, at the latest after _GROUP_MS.
-_STEP_MS = 50
+_STEP_MS = 20
 _GROUP_MS = 400
 #: Files of a directory that appears at once (moved in) examined at most.
 _NEW_DIR_FILES = 5000
@@ -120,14 +120,15 @@ class FileWatch:
                 thread.join(timeout=5)
 
 
-def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKind], bool]:
-    """(the changes that count, whether the watch plan must be made again).
+def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKind], bool, bool]:
+    """(the changes that count, whether the watch plan must be made again, whether one
+    of them is a removal: an editor saving by rename, a checkout, mid-way).
 
     A directory moved in whole sends one event: the files inside it are looked
     at. A new or removed directory changes what to watch.
     """
     relevant: dict[str, ChangeKind] = {}
-    replan = False
+    replan = removal = False
     for change, path in changes:
         if change == watchfiles.Change.added and os.path.isdir(path):
             replan = True  # a new directory: moved in whole, or a new top-level one
@@ -141,9 +142,10 @@ def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKi
         if change == watchfiles.Change.deleted:
             replan = True
             kind = kind or gone_directory(scope, path)
+            removal = removal or kind is not None
         if kind is not None:
             relevant[path] = kind
-    return relevant, replan
+    return relevant, replan, removal
 
 
 def how_to_watch(root: Path, forced: bool) -> tuple[bool, str]:

@@ -112,9 +112,9 @@ class Watcher:
 
     def receive(self, changes: Changes) -> None:
         """A watcher thread's batch: what counts joins the pending batch."""
-        relevant, replan = relevant_changes(self.scope, changes)
+        relevant, replan, removal = relevant_changes(self.scope, changes)
         with self.cv:
-            self.debouncer.add(relevant, time.monotonic())
+            self.debouncer.add(relevant, time.monotonic(), settle=removal)
             self.replan = self.replan or replan
             self.cv.notify_all()
         if relevant:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from watchfiles import Change
 
 from fdl_tasks.build.build_environment import Build, BuildEnvironment, CrossBuild
 from fdl_tasks.core.errors import FdlError
@@ -20,6 +21,7 @@ from fdl_tasks.tree.buildscripts import declared_inputs, host_path, rerun_declar
 from fdl_tasks.tree.roots import WatchPlan, watch_plan
 from fdl_tasks.tree.scope import ChangeKind, Scope, gone_directory, make_scope
 from fdl_tasks.watch.debounce import Debouncer
+from fdl_tasks.watch.filewatch import relevant_changes
 from fdl_tasks.watch.launchwait import wait_for_watch
 from fdl_tasks.watch.lines import (
     build_labels,
@@ -306,10 +308,42 @@ def src(n: int) -> dict[str, ChangeKind]:
     return {f"{ROOT}/src/m{n}.rs": ChangeKind.SOURCE}
 
 
-def test_a_burst_is_one_batch_once_quiet() -> None:
+def test_a_removal_among_the_changes_is_said() -> None:
+    s = scope()
+    main, swap = f"{ROOT}/ddp-bench/src/main.rs", f"{ROOT}/ddp-bench/src/.main.rs.swp"
+    relevant, _, removal = relevant_changes(s, {(Change.modified, main)})
+    assert relevant == {main: ChangeKind.SOURCE} and not removal
+    assert relevant_changes(s, {(Change.deleted, main), (Change.added, main)})[2]
+    assert not relevant_changes(s, {(Change.deleted, swap), (Change.modified, main)})[2]
+
+
+def test_a_lone_save_after_calm_starts_at_once() -> None:
     d = Debouncer(quiet=0.3, longest=3.0)
     assert d.state == "idle" and d.due_at() is None
-    for i in range(10):  # ten saves in one second
+    d.add(src(1), 10.0)
+    assert d.due_at() == 10.0 and d.due(10.0)
+    assert d.start() == src(1)
+    d.finish()
+    d.add(src(2), 10.2)  # 0.2 s after the last save: a burst goes on, so it settles
+    assert not d.due(10.45) and d.due(10.5)
+    d.start()
+    d.finish()
+    d.add(src(3), 12.0)  # calm again
+    assert d.due(12.0)
+
+
+def test_a_batch_that_begins_with_a_removal_settles() -> None:
+    d = Debouncer(quiet=0.3, longest=3.0)
+    d.add(src(1), 10.0, settle=True)  # vim, emacs: the old file renamed away first
+    assert not d.due(10.29) and d.due(10.3)
+
+
+def test_the_rest_of_a_burst_is_one_batch_once_quiet() -> None:
+    d = Debouncer(quiet=0.3, longest=3.0)
+    d.add(src(9), 9.9)  # the burst's first save: a cycle at once
+    d.start()
+    d.finish()
+    for i in range(10):  # then ten saves in one second
         d.add(src(i % 3), 10.0 + i * 0.1)
         assert not d.due(10.0 + i * 0.1 + 0.05)
     assert d.state == "pending"
@@ -320,12 +354,14 @@ def test_a_burst_is_one_batch_once_quiet() -> None:
 
 
 def test_a_steady_trickle_cannot_starve_the_build() -> None:
-    d = Debouncer(quiet=0.3, longest=3.0)
+    d = Debouncer(quiet=0.3, longest=3.0, building=True)
+    d.add(src(1), -0.2)  # saved during a cycle: this batch settles
+    d.finish()
     t = 0.0
     while not d.due(t):
         d.add(src(1), t)
         t += 0.2
-    assert t == pytest.approx(3.0, abs=0.25)
+    assert t == pytest.approx(2.8, abs=0.25)
 
 
 def test_saves_during_a_build_queue_exactly_one_more() -> None:
@@ -386,12 +422,15 @@ def simulate(saves: list[float], build_seconds: float, quiet: float = 0.3) -> li
 
 
 def test_simulated_editor_sessions() -> None:
-    assert len(simulate([1.0 + i / 10 for i in range(10)], 5.0)) == 1
-    # a save in the middle of a 5 s build: exactly one more, right after it
-    starts = simulate([1.0, 3.0, 3.05, 4.0], 5.0)
-    assert len(starts) == 2 and starts[1] == pytest.approx(starts[0] + 5.0, abs=0.02)
-    # two sessions far apart: two cycles
-    assert len(simulate([1.0, 1.1, 20.0], 2.0)) == 2
+    # a burst: its first save builds at once, the rest exactly one more, right after
+    assert simulate([1.0 + i / 10 for i in range(10)], 5.0) == pytest.approx([1.0, 6.0])
+    # saves in the middle of a 5 s build: exactly one more, right after it
+    assert simulate([1.0, 3.0, 3.05, 4.0], 5.0) == pytest.approx([1.0, 6.0])
+    # a burst that outlasts a short build: the rest waits until it settles
+    starts = simulate([1.0 + i / 10 for i in range(10)], 0.25)
+    assert starts == pytest.approx([1.0, 2.2])
+    # two lone saves far apart: each at once
+    assert simulate([1.0, 20.0], 2.0) == pytest.approx([1.0, 20.0])
 
 
 # ---------------------------------------------------------------------------- what it says
