@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
 from rig.sshrig import Rig
 
 
@@ -229,3 +230,17 @@ class PrivateDockerd:
         return subprocess.run(
             ["docker", *args], env=self.env(), capture_output=True, text=True, check=False
         )
+
+
+@contextlib.contextmanager
+def private_dockerd() -> Iterator[PrivateDockerd]:
+    """A :class:`PrivateDockerd` with the rig's builder images, up for the block, then gone."""
+    ensure_dockerd()
+    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
+    daemon = PrivateDockerd([f"{BUILDER_IMAGE}:{tag}" for tag in RIG_TAGS])
+    try:
+        daemon.start()
+        daemon.load_images()
+        yield daemon
+    finally:
+        daemon.remove()

@@ -15,8 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
-from rig.faults import PrivateDockerd
+from rig.faults import PrivateDockerd, private_dockerd
 from rig.harness import RigCluster, prebuild_args, start_rig
 from rig.sshrig import HostSpec
 
@@ -38,16 +37,9 @@ def shared_bridge_up() -> bool:
 
 @pytest.fixture(scope="module")
 def dockerd() -> Iterator[PrivateDockerd]:
-    ensure_dockerd()
-    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
     had_bridge = shared_bridge_up()
-    daemon = PrivateDockerd([f"{BUILDER_IMAGE}:{tag}" for tag in RIG_TAGS])
-    try:
-        daemon.start()
-        daemon.load_images()
+    with private_dockerd() as daemon:
         yield daemon
-    finally:
-        daemon.remove()
     assert shared_bridge_up() or not had_bridge, "the private dockerd removed docker0"
 
 

@@ -21,8 +21,8 @@ import pytest
 from fdl_tasks.build.docker_tools import remove_containers
 from fdl_tasks.build.warm_containers import WARM_IMAGE_LABEL, WARM_LABEL
 from fdl_tasks.core.binary_files import file_sha256
-from rig.docker_builder import BUILDER_IMAGE, RIG_TAGS, ensure_builder_image, ensure_dockerd
-from rig.faults import PrivateDockerd
+from rig.docker_builder import BUILDER_IMAGE
+from rig.faults import PrivateDockerd, private_dockerd
 from rig.harness import RigCluster, containers, prebuild_args, start_rig
 from rig.project import write_compose_file
 from rig.sshrig import HostSpec
@@ -194,15 +194,8 @@ def test_idle_timeout_stops_the_container_with_no_inv_alive(rig: RigCluster) -> 
 def dockerd() -> Iterator[PrivateDockerd]:
     """A daemon of this module's own (as ``test_docker_restart.py``): restarting it touches
     no other run's containers."""
-    ensure_dockerd()
-    ensure_builder_image(BUILDER_IMAGE, RIG_TAGS)
-    daemon = PrivateDockerd([f"{BUILDER_IMAGE}:{tag}" for tag in RIG_TAGS])
-    try:
-        daemon.start()
-        daemon.load_images()
+    with private_dockerd() as daemon:
         yield daemon
-    finally:
-        daemon.remove()
 
 
 def test_a_daemon_restart_between_two_prebuilds(rig: RigCluster, dockerd: PrivateDockerd) -> None:
