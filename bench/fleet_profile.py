@@ -1,0 +1,126 @@
+"""Where a fleet host's server-side CPU goes (issue 40): sshd itself, the shell, the probe.
+
+    python3 -m bench.fleet_profile                  # 256 hosts
+    python3 -m bench.fleet_profile --hosts 512
+
+On the fleet rig (:class:`rig.fleetrig.FleetRig`), OpenSSH clients run one command
+per host, in steps that each add one part of what a preflight costs a host:
+
+- ``banner``: a TCP connection that reads sshd's banner and closes: sshd's fork and
+  re-exec of itself (OpenSSH 9.2 re-executes sshd for every connection);
+- ``kex, auth refused``: the client offers no method the server takes, so sshd's
+  fork, re-exec and key exchange;
+- ``exit 0``: the same, then public-key auth, the session and the login shell;
+- ``probe``: the preflight probe script instead (:class:`ProbeRequest`, the one
+  ``bench.fleet`` runs), then each line of it alone.
+
+A step's server CPU is what the sshd daemons and every process they reaped spent
+(``/proc/<pid>/stat``: utime, stime, cutime, cstime), so no other work on the machine
+counts. The same probe lines run locally under ``bash -c`` are measured too (``local``),
+with no sshd at all. ``inv`` is ``inv preflight`` over the same hosts: the server
+CPU of paramiko's connections, against OpenSSH's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.fleet import STATE, hashed_known_hosts, openssh_argv, prepare, run_inv, wait_all
+from fdl_tasks.core.console import format_table
+from fdl_tasks.preflight.probe import ProbeRequest
+from rig.fleetrig import FleetRig
+
+#: Parallel OpenSSH clients: CPU is what is measured here, not wall time.
+PARALLEL = 16
+LOCAL_RUNS = 200
+
+
+def daemons_cpu(fleet: FleetRig) -> float:
+    """CPU seconds of the sshd daemons and of every process they have reaped."""
+    ticks = 0
+    for pid in (fleet.state / "sshd.pids").read_text().split():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def over_ssh(fleet: FleetRig, count: int, script: str, *options: str) -> tuple[float, float]:
+    """``script`` on ``count`` hosts: server and client CPU per host, in ms."""
+    argv = openssh_argv(fleet, PARALLEL, script)
+    at = argv.index("ssh")  # xargs stops at ssh's 255, so a refusal exits 0
+    argv[at : at + 1] = ["sh", "-c", 'ssh "$@" || :', "sh", *options]
+    addresses = STATE / f"addresses-{count}"
+    addresses.write_text("".join(f"{fleet.address(i)}\n" for i in range(count)))
+    before = daemons_cpu(fleet)
+    with addresses.open() as stdin:
+        process = subprocess.Popen(
+            argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        client, _ = wait_all([process])
+    return 1000 * (daemons_cpu(fleet) - before) / count, 1000 * client / count
+
+
+def banners(fleet: FleetRig, count: int) -> float:
+    """Connect to each host, read its banner, close: server CPU per host, in ms."""
+    before = daemons_cpu(fleet)
+    for i in range(count):
+        with socket.create_connection((fleet.address(i), fleet.port), timeout=10) as sock:
+            sock.recv(256)
+    return 1000 * (daemons_cpu(fleet) - before) / count
+
+
+def local(script: str) -> float:
+    """``bash -c script`` here, no ssh: CPU per run in ms."""
+    total = 0.0
+    for _ in range(LOCAL_RUNS):
+        process = subprocess.Popen(
+            ["/bin/bash", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        total += wait_all([process])[0]
+    return 1000 * total / LOCAL_RUNS
+
+
+def steps(data: str) -> list[tuple[str, str]]:
+    """(name, script): the probe whole, then each of its lines alone."""
+    script = ProbeRequest(data, True, True).script()
+    lines = script.splitlines()
+    return [("probe (whole)", script)] + [(f"  {line[:60]}", line) for line in lines[1:-2]]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bench.fleet_profile", description=__doc__)
+    parser.add_argument("--hosts", type=int, default=256)
+    args = parser.parse_args(argv)
+    count = args.hosts
+    fleet = FleetRig(STATE / "fleet")
+    rows = [("step", "server CPU/host", "client CPU/host", "local bash -c")]
+    try:
+        work, env = prepare(fleet, [count])
+        rows.append(("banner", f"{banners(fleet, count):.1f} ms", "", ""))
+        server, client = over_ssh(fleet, count, "exit 0", "-o", "PreferredAuthentications=password")
+        rows.append(("kex, auth refused", f"{server:.1f} ms", f"{client:.1f} ms", ""))
+        for name, script in [("exit 0", "exit 0"), *steps(str(fleet.data))]:
+            server, client = over_ssh(fleet, count, script)
+            cells = (f"{server:.1f} ms", f"{client:.1f} ms", f"{local(script):.2f} ms")
+            rows.append((name, *cells))
+            print(rows[-1], file=sys.stderr, flush=True)
+        run_inv(work, env, count)  # a first run: the hashed names learnt
+        before = daemons_cpu(fleet)
+        inv = run_inv(work, env, count)
+        server = 1000 * (daemons_cpu(fleet) - before) / count
+        rows.append(("inv preflight", f"{server:.1f} ms", f"{inv['cpu_ms_per_host']:.1f} ms", ""))
+    finally:
+        fleet.down()
+    print(f"{count} hosts, known_hosts {hashed_known_hosts(fleet)}, load {os.getloadavg()}")
+    print("\n".join(format_table(rows, rule=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
