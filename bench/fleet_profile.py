@@ -15,7 +15,7 @@ per host, in steps that each add one part of what a preflight costs a host:
   ``bench.fleet`` runs), then each line of it alone.
 
 A step's server CPU is what the sshd daemons and every process they reaped spent
-(``/proc/<pid>/stat``: utime, stime, cutime, cstime), so no other work on the machine
+(:meth:`FleetRig.server_cpu`), so no other work on the machine
 counts. The same probe lines run locally under ``bash -c`` are measured too (``local``),
 with no sshd at all. ``inv`` is ``inv preflight`` over the same hosts: the server
 CPU of paramiko's connections, against OpenSSH's.
@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from bench.fleet import STATE, hashed_known_hosts, openssh_argv, prepare, run_inv, wait_all
 from fdl_tasks.core.console import format_table
@@ -41,15 +40,6 @@ PARALLEL = 16
 LOCAL_RUNS = 200
 
 
-def daemons_cpu(fleet: FleetRig) -> float:
-    """CPU seconds of the sshd daemons and of every process they have reaped."""
-    ticks = 0
-    for pid in (fleet.state / "sshd.pids").read_text().split():
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def over_ssh(fleet: FleetRig, count: int, script: str, *options: str) -> tuple[float, float]:
     """``script`` on ``count`` hosts: server and client CPU per host, in ms."""
     argv = openssh_argv(fleet, PARALLEL, script)
@@ -57,22 +47,22 @@ def over_ssh(fleet: FleetRig, count: int, script: str, *options: str) -> tuple[f
     argv[at : at + 1] = ["sh", "-c", 'ssh "$@" || :', "sh", *options]
     addresses = STATE / f"addresses-{count}"
     addresses.write_text("".join(f"{fleet.address(i)}\n" for i in range(count)))
-    before = daemons_cpu(fleet)
+    before = fleet.server_cpu()
     with addresses.open() as stdin:
         process = subprocess.Popen(
             argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         client, _ = wait_all([process])
-    return 1000 * (daemons_cpu(fleet) - before) / count, 1000 * client / count
+    return 1000 * (fleet.server_cpu() - before) / count, 1000 * client / count
 
 
 def banners(fleet: FleetRig, count: int) -> float:
     """Connect to each host, read its banner, close: server CPU per host, in ms."""
-    before = daemons_cpu(fleet)
+    before = fleet.server_cpu()
     for i in range(count):
         with socket.create_connection((fleet.address(i), fleet.port), timeout=10) as sock:
             sock.recv(256)
-    return 1000 * (daemons_cpu(fleet) - before) / count
+    return 1000 * (fleet.server_cpu() - before) / count
 
 
 def local(script: str) -> float:
@@ -110,11 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             cells = (f"{server:.1f} ms", f"{client:.1f} ms", f"{local(script):.2f} ms")
             rows.append((name, *cells))
             print(rows[-1], file=sys.stderr, flush=True)
-        run_inv(work, env, count)  # a first run: the hashed names learnt
-        before = daemons_cpu(fleet)
-        inv = run_inv(work, env, count)
-        server = 1000 * (daemons_cpu(fleet) - before) / count
-        rows.append(("inv preflight", f"{server:.1f} ms", f"{inv['cpu_ms_per_host']:.1f} ms", ""))
+        run_inv(fleet, work, env, count)  # a first run: the hashed names learnt
+        inv = run_inv(fleet, work, env, count)
+        cells = (f"{inv['server_ms_per_host']:.1f} ms", f"{inv['cpu_ms_per_host']:.1f} ms", "")
+        rows.append(("inv preflight", *cells))
     finally:
         fleet.down()
     print(f"{count} hosts, known_hosts {hashed_known_hosts(fleet)}, load {os.getloadavg()}")
