@@ -2,6 +2,7 @@
 
     python3 -m bench.fleet_profile                  # 256 hosts
     python3 -m bench.fleet_profile --hosts 512
+    python3 -m bench.fleet_profile --hosts 4096 --held-open
 
 On the fleet rig (:class:`rig.fleetrig.FleetRig`), OpenSSH clients run one command
 per host, in steps that each add one part of what a preflight costs a host:
@@ -19,15 +20,22 @@ A step's server CPU is what the sshd daemons and every process they reaped spent
 counts. The same probe lines run locally under ``bash -c`` are measured too (``local``),
 with no sshd at all. ``inv`` is ``inv preflight`` over the same hosts: the server
 CPU of paramiko's connections, against OpenSSH's.
+
+``--held-open`` asks instead what holding connections costs the servers: the probe
+with each connection closed when its host is done (as OpenSSH's clients do), then
+with every connection held open until all hosts are done (as ``inv``'s fan-out holds
+them; OpenSSH's ``ControlPersist``), then closed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 from bench.fleet import STATE, hashed_known_hosts, openssh_argv, prepare, run_inv, wait_all
@@ -76,6 +84,31 @@ def local(script: str) -> float:
     return 1000 * total / LOCAL_RUNS
 
 
+def held_open(fleet: FleetRig, count: int, script: str) -> float:
+    """``script`` on ``count`` hosts, every connection held until all are done, then
+    closed: server CPU per host in ms, once every session has been reaped."""
+    control = STATE / "control"
+    shutil.rmtree(control, ignore_errors=True)
+    control.mkdir()
+    argv = openssh_argv(fleet, PARALLEL, script)
+    at = argv.index("ssh") + 1
+    argv[at:at] = ["-o", "ControlMaster=auto", "-o", "ControlPersist=600"]
+    argv[at:at] = ["-o", f"ControlPath={control}/%C"]
+    addresses = STATE / f"addresses-{count}"
+    addresses.write_text("".join(f"{fleet.address(i)}\n" for i in range(count)))
+    before = fleet.server_cpu()
+    for command in (argv, [*argv[: argv.index("-n")], "-O", "exit", "root@@HOST@"]):
+        with addresses.open() as stdin:
+            subprocess.run(command, stdin=stdin, capture_output=True, check=False)
+    spent, settled = fleet.server_cpu(), 0
+    while settled < 3:  # the closed sessions are reaped a little later
+        time.sleep(1)
+        now = fleet.server_cpu()
+        settled = settled + 1 if now == spent else 0
+        spent = now
+    return 1000 * (spent - before) / count
+
+
 def steps(data: str) -> list[tuple[str, str]]:
     """(name, script): the probe whole, then each of its lines alone."""
     script = ProbeRequest(data, True, True).script()
@@ -86,12 +119,20 @@ def steps(data: str) -> list[tuple[str, str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.fleet_profile", description=__doc__)
     parser.add_argument("--hosts", type=int, default=256)
+    parser.add_argument("--held-open", action="store_true", help="connections held, or not")
     args = parser.parse_args(argv)
     count = args.hosts
     fleet = FleetRig(STATE / "fleet")
     rows = [("step", "server CPU/host", "client CPU/host", "local bash -c")]
     try:
         work, env = prepare(fleet, [count])
+        if args.held_open:
+            script = ProbeRequest(str(fleet.data), True, True).script()
+            server, client = over_ssh(fleet, count, script)
+            rows.append(("probe, each connection closed when done", f"{server:.1f} ms", "", ""))
+            server = held_open(fleet, count, script)
+            rows.append(("probe, all held open until the end", f"{server:.1f} ms", "", ""))
+            return _report(fleet, count, rows)
         rows.append(("banner", f"{banners(fleet, count):.1f} ms", "", ""))
         server, client = over_ssh(fleet, count, "exit 0", "-o", "PreferredAuthentications=password")
         rows.append(("kex, auth refused", f"{server:.1f} ms", f"{client:.1f} ms", ""))
@@ -106,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(("inv preflight", *cells))
     finally:
         fleet.down()
+    return _report(fleet, count, rows)
+
+
+def _report(fleet: FleetRig, count: int, rows: list[tuple[str, str, str, str]]) -> int:
     print(f"{count} hosts, known_hosts {hashed_known_hosts(fleet)}, load {os.getloadavg()}")
     print("\n".join(format_table(rows, rule=True)))
     return 0
