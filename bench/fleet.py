@@ -19,8 +19,10 @@ nothing else, with ``StrictHostKeyChecking yes``. Per size, A and B alternate:
   post-quantum one costs ~100 ms more per connection).
 
 For each: wall time, controller CPU per host (user + sys of the process tree,
-from ``wait4``), the whole machine's CPU per host (``/proc/stat``: the sshds
-share the controller's 2 cores, so this is what bounds wall time), hosts
+from ``wait4``), the servers' CPU per host (the sshds and every session they
+reaped, :meth:`FleetRig.server_cpu`), the whole machine's CPU per host
+(``/proc/stat``: the sshds share the controller's 2 cores, so this is what
+bounds wall time; it counts whatever else ran too), hosts
 reported unreachable (every host is healthy, so each is a false one) and, for
 ``inv``, peak RSS and peak thread count.
 """
@@ -84,9 +86,9 @@ def peak_threads(pid: int, stop: threading.Event, peak: list[int]) -> None:
                 peak[0] = max(peak[0], int(line.split()[1]))
 
 
-def run_inv(work: Path, env: dict[str, str], count: int) -> dict[str, float]:
+def run_inv(fleet: FleetRig, work: Path, env: dict[str, str], count: int) -> dict[str, float]:
     """``inv preflight --json`` over ``count`` hosts."""
-    started, machine = time.monotonic(), machine_cpu()
+    started, machine, server = time.monotonic(), machine_cpu(), fleet.server_cpu()
     process = subprocess.Popen(
         inv_argv("preflight", "--json", "--cluster-file", f"cluster-{count}.yaml"),
         cwd=work,
@@ -107,6 +109,7 @@ def run_inv(work: Path, env: dict[str, str], count: int) -> dict[str, float]:
     return {
         "wall": time.monotonic() - started,
         "cpu_ms_per_host": 1000 * cpu / count,
+        "server_ms_per_host": 1000 * (fleet.server_cpu() - server) / count,
         "machine_ms_per_host": 1000 * (machine_cpu() - machine) / count,
         "unreachable": unreachable + count + 1 - len(verdicts),  # missing hosts count too
         "rss_mib": peak,
@@ -154,7 +157,7 @@ def run_openssh(fleet: FleetRig, count: int, parallel: int) -> dict[str, float]:
     script = ProbeRequest(str(fleet.data), True, True).script()
     addresses = STATE / f"addresses-{count}"
     addresses.write_text("".join(f"{fleet.address(i)}\n" for i in range(count)))
-    started, machine = time.monotonic(), machine_cpu()
+    started, machine, server = time.monotonic(), machine_cpu(), fleet.server_cpu()
     with addresses.open() as stdin:
         process = subprocess.Popen(
             openssh_argv(fleet, parallel, script),
@@ -168,6 +171,7 @@ def run_openssh(fleet: FleetRig, count: int, parallel: int) -> dict[str, float]:
     return {
         "wall": time.monotonic() - started,
         "cpu_ms_per_host": 1000 * cpu / count,
+        "server_ms_per_host": 1000 * (fleet.server_cpu() - server) / count,
         "machine_ms_per_host": 1000 * (machine_cpu() - machine) / count,
         "unreachable": count - output.count(END),
     }
@@ -210,13 +214,13 @@ def measure(sizes: Sequence[int], reps: int, parallel: int) -> dict[str, Any]:
     fleet = FleetRig(STATE / "fleet")
     try:
         work, env = prepare(fleet, sizes)
-        first = run_inv(work, env, max(sizes))  # a first run: the hashed names learnt
+        first = run_inv(fleet, work, env, max(sizes))  # a first run: the hashed names learnt
         print(f"fleet: first run at {max(sizes)} hosts: {first}", file=sys.stderr, flush=True)
         rows = []
         for count in sizes:
             samples: dict[str, list[dict[str, float]]] = {"inv": [], "openssh": []}
             for _ in range(reps):
-                samples["inv"].append(run_inv(work, env, count))
+                samples["inv"].append(run_inv(fleet, work, env, count))
                 samples["openssh"].append(run_openssh(fleet, count, parallel))
             rows.append({"hosts": count, **{k: _medians(v) for k, v in samples.items()}})
             print(f"fleet: {count} hosts: {rows[-1]}", file=sys.stderr, flush=True)
@@ -238,6 +242,7 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
             "ratio",
             "inv CPU/host",
             "openssh CPU/host",
+            "server CPU/host (inv / openssh)",
             "machine CPU/host (inv / openssh)",
             "unreachable (inv / openssh)",
             "inv peak RSS",
@@ -254,6 +259,7 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
                 f"{inv['wall'] / ssh['wall']:.2f}",
                 f"{inv['cpu_ms_per_host']:.1f} ms",
                 f"{ssh['cpu_ms_per_host']:.1f} ms",
+                f"{inv['server_ms_per_host']:.1f} / {ssh['server_ms_per_host']:.1f} ms",
                 f"{inv['machine_ms_per_host']:.0f} / {ssh['machine_ms_per_host']:.0f} ms",
                 f"{inv['unreachable']:.0f} / {ssh['unreachable']:.0f}",
                 f"{inv['rss_mib']:.0f} MiB",

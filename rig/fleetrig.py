@@ -124,6 +124,15 @@ class FleetRig:
             for i in range(count)
         ]
 
+    def server_cpu(self) -> float:
+        """CPU seconds the daemons and every process they reaped have spent so far
+        (utime, stime, cutime, cstime): every host's sessions, nothing else on the machine."""
+        ticks = 0
+        for pid in (self.state / "sshd.pids").read_text().split():
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += sum(int(x) for x in fields[11:15])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def down(self) -> None:
         """Stop every daemon and its sessions (each runs in its own session)."""
         pids = self.state / "sshd.pids"

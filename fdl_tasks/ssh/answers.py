@@ -19,15 +19,19 @@ _GLIBC = re.compile(r"(?:glibc|gnu libc)[^\n]*?(\d+)\.(\d+)", re.IGNORECASE)
 
 
 #: Shell lines answering the host's CPU architecture (``cpu_arch=``) and libc (``libc=``),
-#: asked by the probe and by delivery verification alike.
+#: asked by the probe and by delivery verification alike. glibc names itself through
+#: ``getconf`` (one small program); only another libc, or no getconf, costs ldd's banner
+#: (ldd is a bash script: a shell and three programs per host, see docs/fleet.md).
 HOST_FACT_LINES = (
     "printf 'cpu_arch=%s\\n' \"$(uname -m 2>/dev/null)\"",
-    "printf 'libc=%s\\n' \"$(ldd --version 2>&1 | head -n 2 | tr '\\n' ' ')\"",
+    "l=$(getconf GNU_LIBC_VERSION 2>/dev/null); case $l in glibc*) ;; "
+    "*) l=$(ldd --version 2>&1 | head -n 2 | tr '\\n' ' ') ;; esac; printf 'libc=%s\\n' \"$l\"",
 )
 
 
 def glibc_version(libc: str | None) -> tuple[int, int] | None:
-    """``ldd --version``'s first lines → glibc's (major, minor); ``None`` for another libc."""
+    """``getconf``'s ``glibc X.Y`` or ``ldd --version``'s first lines → glibc's (major,
+    minor); ``None`` for another libc."""
     match = _GLIBC.search(libc or "")
     return (int(match.group(1)), int(match.group(2))) if match else None
 

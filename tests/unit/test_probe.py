@@ -38,6 +38,42 @@ def test_script_reports_this_machine(tmp_path: Path) -> None:
     assert facts.pkill is not None
 
 
+#: ``getconf GNU_LIBC_VERSION`` on a musl host (no musl host exists here: a shim says it).
+MUSL_GETCONF = "echo 'getconf: GNU_LIBC_VERSION: unknown variable' >&2; exit 1"
+MUSL_LDD = "echo 'musl libc (x86_64)' >&2; echo 'Version 1.2.4' >&2; exit 1"
+
+
+@pytest.mark.parametrize(
+    ("getconf", "libc", "ldd_runs"),
+    [
+        ("echo 'glibc 2.31'", "glibc 2.31", False),
+        (MUSL_GETCONF, "musl libc (x86_64) Version 1.2.4", True),
+        (None, "musl libc (x86_64) Version 1.2.4", True),  # a host without getconf
+    ],
+)
+def test_ldd_is_asked_only_when_getconf_names_no_glibc(
+    tmp_path: Path, getconf: str | None, libc: str, ldd_runs: bool
+) -> None:
+    """glibc answers with one small program; ldd (a bash script, 4 processes) is the
+    fallback, so a glibc host costs less per probe and a musl one is still found."""
+    shims = {"ldd": f": > {tmp_path}/ldd-ran; {MUSL_LDD}", "getconf": getconf}
+    for name, body in shims.items():
+        if body is not None:
+            (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
+            (tmp_path / name).chmod(0o755)
+    tools = [f"/usr/bin/{t}" for t in ("uname", "head", "tr")]
+    (tmp_path / "bin").mkdir()
+    for tool in tools:
+        (tmp_path / "bin" / Path(tool).name).symlink_to(tool)
+    script = ProbeRequest(str(tmp_path), True, abi=True).script()
+    env = {"PATH": f"{tmp_path}:{tmp_path}/bin"}
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env)
+    facts = parse_facts(done.stdout)
+    assert facts is not None and facts.libc == libc, done.stdout
+    assert (tmp_path / "ldd-ran").exists() == ldd_runs
+    assert facts.musl == ldd_runs
+
+
 def test_script_quotes_the_data_path(tmp_path: Path) -> None:
     hostile = tmp_path / "a dir; touch pwned $(id)"
     hostile.mkdir()

@@ -292,6 +292,7 @@ RECORDED_COMMANDS = (
     "od",
     "ldd",
     "ldconfig",
+    "getconf",
     "readlink",
     "grep",
     "sed",

@@ -31,7 +31,9 @@ from tests.unit.hostile.conftest import (
     sandbox,
 )
 
+#: The recorders' getconf names no glibc, so ldd's banner is read as on a musl host.
 PROBE_ABI_CALLS = [
+    ("getconf", ("GNU_LIBC_VERSION",)),
     ("head", ("-n", "2")),
     ("ldd", ("--version",)),
     ("tr", ("\\n", " ")),
@@ -96,7 +98,7 @@ def test_verification_script_hashes_and_ldds_exactly_the_hostile_binary_path(
         calls, stdout = box.run(verification_script(worker.path, entry))
         names = sorted(c.name for c in calls)
         reads = ["cut", "sha256sum", "od", "tr"] * present
-        assert names == sorted([*reads, "head", "ldd", "ldd", "sed", "tr", "uname"])
+        assert names == sorted([*reads, "getconf", "head", "ldd", "ldd", "sed", "tr", "uname"])
         if present:
             (hashed,) = [c for c in calls if c.name == "sha256sum"]
             assert hashed.argv == (binary,)
@@ -142,7 +144,7 @@ def test_probe_ldds_each_variant_library_of_the_hostile_path_and_nothing_else(
         assert sorted(lddeds) == sorted([(("--version",), None), *expected])
         others = sorted(c.name for c in calls if c.name != "ldd")
         nccl = ["ldconfig", "sed"] if request.nccl else []  # an NVIDIA variant: no file, no header
-        assert others == sorted(["head", "tr", "uname", *["sed"] * len(expected), *nccl])
+        assert others == sorted(["getconf", "head", "tr", "uname", *["sed"] * len(expected), *nccl])
 
 
 @settings(max_examples=40, deadline=None)
@@ -176,4 +178,4 @@ def test_probe_reads_nccl_under_the_hostile_path_and_nothing_else(
         assert asked["grep"][0] == "-E" and asked["grep"][2:] == (f"{variant}/include/nccl.h",)
         assert asked["ldconfig"] == ("-p",)
         others = sorted(c.name for c in calls if c.name not in asked)
-        assert others == sorted(["head", "tr", "uname", "ldd", "sed", "sed"])
+        assert others == sorted(["getconf", "head", "tr", "uname", "ldd", "sed", "sed"])
