@@ -34,6 +34,7 @@ from fdl_tasks.preflight.probe import (
     parse_facts,
     unreachable,
 )
+from fdl_tasks.ssh.gateways import unknown_labels
 from fdl_tasks.ssh.outcomes import Failure
 from fdl_tasks.ssh.remote import Fleet
 from fdl_tasks.timings.recording import round_trips, step
@@ -156,6 +157,7 @@ def run_preflight(
     CPU architectures; a host whose probe says otherwise has them asked again.
     """
     remotes, source = run.remotes, run.cluster.source
+    unknown_labels(run.settings.gateways, [w.host for w in run.cluster.workers])
     run.report(
         f"preflight: probing {len(remotes)} remote host(s)"
         + (" with the ABI gate" if abi else "")

@@ -24,6 +24,8 @@ from fdl_tasks.config.settings import Settings
 from fdl_tasks.core.console import TextSink
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.reporting import Report, Severity
+from fdl_tasks.ssh import gateways_io
+from fdl_tasks.ssh.gateways import plan
 from fdl_tasks.ssh.known_hosts_io import KnownHostsView, SharedHostKeys, explain_refusal
 from fdl_tasks.ssh.login_facts import Identity, greet, load_identity, login_of, quiet_paramiko
 from fdl_tasks.ssh.outcomes import Failure, Outcome, Reply
@@ -59,6 +61,7 @@ class Fleet:
         self.settings = settings
         self.report = report
         self.workers: dict[str, Worker] = {w.host: w for w in workers}
+        self.gateways = plan(settings.gateways, self.workers.values())
         self.failed: dict[str, Failure] = {}
         #: Every round trip so far: host, start, end (monotonic), whether it ran (``--timings``).
         self.rounds: list[tuple[str, float, float, bool]] = []
@@ -229,6 +232,17 @@ class Fleet:
         once, each host's output going, as it comes, to its own stream.
         """
         started = time.monotonic()
+        behind = [] if streams else self.gateways.behind(scripts)  # a launch goes direct
+        if behind:
+            routed = gateways_io.start(
+                self.gateways, {x: scripts[x] for x in behind}, self.settings, timeout
+            )
+            direct = self.run({x: s for x, s in scripts.items() if x not in behind}, timeout)
+            outcomes = {**direct, **routed.result()}
+            self.rounds.extend(
+                (x, started, time.monotonic(), isinstance(outcomes[x], Reply)) for x in behind
+            )
+            return {x: outcomes[x] for x in scripts}
         if streams:
             self.open(scripts)
         sessions = len(scripts) if streams else self.settings.ssh_sessions or len(scripts)

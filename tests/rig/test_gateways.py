@@ -1,0 +1,145 @@
+"""``fdl.gateways``: ``inv preflight`` asks hosts through a real gateway host.
+
+The gateway is a rig host with its own real sshd. The controller's OpenSSH logs in to
+it and starts ClusterShell's gateway there, under a Python of the gateway's own (a venv
+made with the system ``python3``, ClusterShell copied into its site-packages, as an
+admin's ``pip install`` would leave it; named by ClusterShell's
+``CLUSTERSHELL_GW_PYTHON_EXECUTABLE``). The gateway's OpenSSH dials the hosts behind it.
+
+Every rig host is a login on this one machine, so the gateway user's ``~/.ssh/config``
+cannot be the gateway's own: an ``ssh`` on the gateway's ``PATH`` (its session's shim
+directory) adds ``-F`` with the gateway's config, its key and its known_hosts, which
+knows two of the three hosts behind it. A second gateway has nothing listening.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ClusterShell
+import pytest
+import yaml
+
+from rig.harness import RigCluster, start_rig
+from rig.sshrig import HostSpec
+
+pytestmark = pytest.mark.rig
+
+GATEWAY, DOWN = "127.0.0.13", "127.0.0.17"
+HOSTS = [
+    HostSpec("gw", GATEWAY),
+    HostSpec("near-a", "127.0.0.14"),
+    HostSpec("near-b", "127.0.0.15", user="fdlrig"),
+    HostSpec("stranger", "127.0.0.16"),  # up, but its key is not in the gateway's file
+    HostSpec("gwdown", DOWN, listen="none"),
+    HostSpec("far", "127.0.0.18"),  # behind the gateway that is down
+]
+BEHIND = ["near-a", "near-b", "stranger"]
+
+
+def gateway_python(rig: RigCluster) -> Path:
+    """A venv of the system Python with ClusterShell in it: the gateway's interpreter."""
+    venv = rig.root / "gateway-venv"
+    if not venv.exists():
+        subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = next(venv.glob("lib/python3*/site-packages"))
+        shutil.copytree(Path(ClusterShell.__file__).parent, site / "ClusterShell")
+    return venv / "bin" / "python3"
+
+
+def gateway_ssh(rig: RigCluster) -> None:
+    """The gateway's own ssh config, known_hosts and key, through a shim on its PATH."""
+    known = rig.root / "gateway-known-hosts"
+    known.write_text("".join(rig.rig.known_hosts_line(x) + "\n" for x in ("near-a", "near-b")))
+    config = rig.root / "gateway-ssh-config"
+    blocks = [f"Host {rig.rig.spec(x).address}\n  User {rig.rig.spec(x).user}\n" for x in BEHIND]
+    config.write_text(
+        "".join(blocks)
+        + f"Host *\n  Port 2222\n  IdentityFile {rig.rig.client_key}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {known}\n  GlobalKnownHostsFile /dev/null\n"
+        "  StrictHostKeyChecking yes\n  LogLevel ERROR\n"
+    )
+    shim = rig.rig.host_dir("gw") / "bin" / "ssh"
+    shim.parent.mkdir(exist_ok=True)
+    shim.write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {config} "$@"\n')
+    shim.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
+    with start_rig(tmp_path_factory.mktemp("gateways"), HOSTS) as cluster:
+        gateway_ssh(cluster)
+        yield cluster
+
+
+def preflight(rig: RigCluster, gateways: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """``inv preflight --json`` with these gateways in the project's invoke.yaml."""
+    (rig.root / "invoke.yaml").write_text(yaml.safe_dump({"fdl": {"gateways": gateways}}))
+    # The controller knows the gateway's key, as after an admin's first login.
+    rig.known_hosts.write_text(rig.rig.known_hosts_line("gw") + "\n")
+    workers = [rig.worker(x) for x in [*BEHIND, "far"]]
+    controller = {"host": "ctrl", "path": str(rig.project), "ssh": {"target": "127.0.0.1"}}
+    path = rig.write([controller, *workers])
+    # The controller's ssh config says how to log in to the gateways.
+    config = rig.root / "controller-ssh-config"
+    config.write_text(
+        f"Host {GATEWAY} {DOWN}\n  Port 2222\n  User root\n"
+        f"  IdentityFile {rig.rig.client_key}\n  IdentitiesOnly yes\n"
+    )
+    env = {
+        "CLUSTERSHELL_GW_PYTHON_EXECUTABLE": str(gateway_python(rig)),
+        "INVOKE_FDL_SSH_CONFIG": str(config),
+    }
+    return rig.inv("preflight", "--json", "--cluster-file", str(path), env=env)
+
+
+@pytest.fixture(scope="module")
+def through(rig: RigCluster) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    done = preflight(rig, {GATEWAY: BEHIND, DOWN: "far"})
+    assert "Traceback" not in done.stderr, done.stderr
+    return done, {v["host"]: v for v in json.loads(done.stdout)}
+
+
+def test_verdicts_come_back_through_the_gateway(
+    rig: RigCluster, through: tuple[subprocess.CompletedProcess[str], dict[str, Any]]
+) -> None:
+    _, got = through
+    for host in ("near-a", "near-b"):
+        assert got[host]["status"] == "ok", got[host]
+        assert got[host]["failure"] is None
+    # Asked through the gateway, not directly: the controller never met their keys.
+    known = rig.known_hosts.read_text()
+    assert "127.0.0.14" not in known and "127.0.0.15" not in known, known
+
+
+def test_a_key_the_gateway_refuses_is_a_host_key_error(
+    through: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    done, got = through
+    assert done.returncode == 1, done.stderr
+    stranger = got["stranger"]
+    assert (stranger["status"], stranger["failure"]) == ("error", "host_key"), stranger
+    said = " ".join(stranger["errors"])
+    assert "Host key verification failed" in said and f"gateway {GATEWAY}" in said, said
+
+
+def test_a_gateway_down_is_said_for_its_hosts(
+    through: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    _, got = through
+    far = got["far"]
+    assert (far["status"], far["failure"]) == ("warning", "gateway"), far
+    said = " ".join(far["warnings"])
+    assert DOWN in said and "Connection refused" in said and "not asked" in said, said
+
+
+def test_a_host_the_cluster_does_not_have_is_refused(rig: RigCluster) -> None:
+    done = preflight(rig, {GATEWAY: ["near-a", "naer-b"]})
+    assert done.returncode == 1
+    assert "fdl.gateways" in done.stderr and "did you mean 'near-b'" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
