@@ -195,6 +195,19 @@ def outcome(
         said = "; ".join(f"{g}: {last_words(gateways.get(g))}" for g in route.gateways)
         return Failure(f"not asked: no gateway could be reached ({said})", FailureKind.GATEWAY)
     if heard.rc == SSH_FAILED:
-        words = last_words(heard)
+        words = last_words(heard) if heard.stderr else f"ssh exited {SSH_FAILED}, no message"
         return Failure(f"{words} (ssh from gateway {heard.via or route.said})", ssh_kind(words))
     return Reply("".join(x + "\n" for x in heard.stdout), "\n".join(heard.stderr), heard.rc)
+
+
+def rerouted(
+    routes: Iterable[Route], unreachable: Collection[str], said: Mapping[str, Heard]
+) -> list[str]:
+    """A warning for each gateway that could not be reached while another of its route
+    could: its hosts were asked through the others (ClusterShell's re-dispatch)."""
+    return [
+        f"gateway {g} could not be reached ({last_words(said.get(g))}); its hosts were "
+        "asked through another"
+        for g in dict.fromkeys(g for r in routes for g in r.gateways if g in unreachable)
+        if any(set(r.gateways) - set(unreachable) for r in routes if g in r.gateways)
+    ]

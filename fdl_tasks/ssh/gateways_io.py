@@ -37,6 +37,7 @@ from fdl_tasks.ssh.gateways import (
     hop_argv,
     hop_config,
     outcome,
+    rerouted,
 )
 from fdl_tasks.ssh.outcomes import Outcome
 
@@ -126,7 +127,7 @@ def _topology(plan: GatewayPlan) -> Any:
 
 def _run(
     plan: GatewayPlan, scripts: Mapping[str, str], settings: Settings, timeout: float | None
-) -> dict[str, Outcome]:
+) -> tuple[dict[str, Outcome], list[str]]:
     tree = _topology(plan)
     budget = (timeout or settings.probe_timeout) + 2 * settings.connect_timeout + SLACK
     heard: dict[str, Heard] = {}
@@ -142,19 +143,11 @@ def _run(
         task.set_default("distant_worker", _hop_worker(hop_argv(settings, config.name)))
         task.set_info("connect_timeout", settings.connect_timeout)
         task.set_info("fanout", settings.ssh_sessions or 1 << 16)
-        task.topology = tree
+        task.topology = tree  # one router for every tree worker: gateways share the load
         command = gateway_command(os.environ.get("CLUSTERSHELL_GW_PYTHON_EXECUTABLE"))
         trees = []
         for script, nodes in by_script.items():
-            worker = _Tree(
-                NodeSet.fromlist(nodes),
-                listener,
-                timeout,
-                command=script,
-                topology=tree,
-                newroot=ROOT,
-                stderr=True,
-            )
+            worker = _Tree(NodeSet.fromlist(nodes), listener, timeout, command=script, stderr=True)
             worker.invoke_gateway = command
             task.schedule(worker)
             trees.append(worker)
@@ -179,14 +172,15 @@ def _run(
         elif unanswered and not refused and node not in lost:
             slow = budget
         outcomes[label] = outcome(route, answered, gateways, lost=lost.get(node), timed_out=slow)
-    return outcomes
+    return outcomes, rerouted(plan.routes, listener.unreachable, gateways)
 
 
 def start(
     plan: GatewayPlan, scripts: Mapping[str, str], settings: Settings, timeout: float | None
-) -> Future[dict[str, Outcome]]:
-    """Run ``scripts[label]`` on each host through its gateways, in a thread of its own."""
-    future: Future[dict[str, Outcome]] = Future()
+) -> Future[tuple[dict[str, Outcome], list[str]]]:
+    """Run ``scripts[label]`` on each host through its gateways, in a thread of its own:
+    each host's outcome, and a warning for each gateway its hosts were rerouted from."""
+    future: Future[tuple[dict[str, Outcome], list[str]]] = Future()
 
     def work() -> None:
         try:

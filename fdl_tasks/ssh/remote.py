@@ -238,7 +238,10 @@ class Fleet:
                 self.gateways, {x: scripts[x] for x in behind}, self.settings, timeout
             )
             direct = self.run({x: s for x, s in scripts.items() if x not in behind}, timeout)
-            outcomes = {**direct, **routed.result()}
+            through, warnings = routed.result()
+            for warning in warnings:
+                self.report(warning, Severity.WARNING)
+            outcomes = {**direct, **through}
             self.rounds.extend(
                 (x, started, time.monotonic(), isinstance(outcomes[x], Reply)) for x in behind
             )

@@ -14,6 +14,7 @@ knows two of the three hosts behind it. A second gateway has nothing listening.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import ClusterShell
+import psutil
 import pytest
 import yaml
 
@@ -38,6 +40,7 @@ HOSTS = [
     HostSpec("stranger", "127.0.0.16"),  # up, but its key is not in the gateway's file
     HostSpec("gwdown", DOWN, listen="none"),
     HostSpec("far", "127.0.0.18"),  # behind the gateway that is down
+    HostSpec("slow", "127.0.0.19"),  # its probe waits: time to lose the gateway meanwhile
 ]
 BEHIND = ["near-a", "near-b", "stranger"]
 
@@ -55,7 +58,9 @@ def gateway_python(rig: RigCluster) -> Path:
 def gateway_ssh(rig: RigCluster) -> None:
     """The gateway's own ssh config, known_hosts and key, through a shim on its PATH."""
     known = rig.root / "gateway-known-hosts"
-    known.write_text("".join(rig.rig.known_hosts_line(x) + "\n" for x in ("near-a", "near-b")))
+    known.write_text(
+        "".join(rig.rig.known_hosts_line(x) + "\n" for x in ("near-a", "near-b", "slow"))
+    )
     config = rig.root / "gateway-ssh-config"
     blocks = [f"Host {rig.rig.spec(x).address}\n  User {rig.rig.spec(x).user}\n" for x in BEHIND]
     config.write_text(
@@ -77,32 +82,56 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
         yield cluster
 
 
-def preflight(rig: RigCluster, gateways: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    """``inv preflight --json`` with these gateways in the project's invoke.yaml."""
+def slow_probe(rig: RigCluster) -> Path:
+    """``slow``'s ``uname`` leaves a mark, then takes a minute: its probe hangs there."""
+    mark = rig.root / "slow-probe-started"
+    shim = rig.rig.host_dir("slow") / "bin" / "uname"
+    shim.parent.mkdir(exist_ok=True)
+    shim.write_text(f'#!/bin/sh\ntouch {mark}\nsleep 60\nexec /usr/bin/uname "$@"\n')
+    shim.chmod(0o755)
+    return mark
+
+
+def preflight_argv(rig: RigCluster, gateways: dict[str, Any], hosts: tuple[str, ...]) -> list[str]:
+    """``preflight --json`` for these hosts, with these gateways in the project's invoke.yaml."""
     (rig.root / "invoke.yaml").write_text(yaml.safe_dump({"fdl": {"gateways": gateways}}))
     # The controller knows the gateway's key, as after an admin's first login.
     rig.known_hosts.write_text(rig.rig.known_hosts_line("gw") + "\n")
-    workers = [rig.worker(x) for x in [*BEHIND, "far"]]
+    workers = [rig.worker(x) for x in hosts]
     controller = {"host": "ctrl", "path": str(rig.project), "ssh": {"target": "127.0.0.1"}}
     path = rig.write([controller, *workers])
-    # The controller's ssh config says how to log in to the gateways.
+    return ["preflight", "--json", "--cluster-file", str(path)]
+
+
+def environment(rig: RigCluster) -> dict[str, str]:
+    """The gateway's interpreter; the controller's ssh config, with how to log in to the
+    gateways."""
     config = rig.root / "controller-ssh-config"
     config.write_text(
         f"Host {GATEWAY} {DOWN}\n  Port 2222\n  User root\n"
         f"  IdentityFile {rig.rig.client_key}\n  IdentitiesOnly yes\n"
     )
-    env = {
+    return {
         "CLUSTERSHELL_GW_PYTHON_EXECUTABLE": str(gateway_python(rig)),
         "INVOKE_FDL_SSH_CONFIG": str(config),
     }
-    return rig.inv("preflight", "--json", "--cluster-file", str(path), env=env)
+
+
+def preflight(
+    rig: RigCluster, gateways: dict[str, Any], hosts: tuple[str, ...] = (*BEHIND, "far")
+) -> subprocess.CompletedProcess[str]:
+    return rig.inv(*preflight_argv(rig, gateways, hosts), env=environment(rig))
+
+
+def verdicts(stdout: str) -> dict[str, Any]:
+    return {v["host"]: v for v in json.loads(stdout)}
 
 
 @pytest.fixture(scope="module")
 def through(rig: RigCluster) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     done = preflight(rig, {GATEWAY: BEHIND, DOWN: "far"})
     assert "Traceback" not in done.stderr, done.stderr
-    return done, {v["host"]: v for v in json.loads(done.stdout)}
+    return done, verdicts(done.stdout)
 
 
 def test_verdicts_come_back_through_the_gateway(
@@ -143,3 +172,38 @@ def test_a_host_the_cluster_does_not_have_is_refused(rig: RigCluster) -> None:
     assert done.returncode == 1
     assert "fdl.gateways" in done.stderr and "did you mean 'near-b'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_hosts_go_through_another_gateway_of_their_route(rig: RigCluster) -> None:
+    done = preflight(rig, {f"{GATEWAY},{DOWN}": ["near-a", "near-b"]}, ("near-a", "near-b"))
+    assert done.returncode == 0, done.stderr
+    got = verdicts(done.stdout)
+    assert [got[x]["status"] for x in ("near-a", "near-b")] == ["ok", "ok"], got
+    assert f"gateway {DOWN} could not be reached" in done.stderr, done.stderr
+    assert "Connection refused" in done.stderr and "asked through another" in done.stderr
+
+
+def gateway_process(rig: RigCluster) -> psutil.Process:
+    """ClusterShell's gateway, running in a session of the gateway host."""
+    marker = str(rig.rig.host_dir("gw"))
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if "ClusterShell.Gateway" in (process.info["cmdline"] or []) and (
+                process.environ().get("FDLRIG_HOST_DIR") == marker
+            ):
+                return process
+    raise AssertionError("no ClusterShell gateway runs on the gateway host")
+
+
+def test_a_gateway_lost_mid_run_is_no_verdict_on_its_hosts(rig: RigCluster) -> None:
+    mark = slow_probe(rig)
+    argv = preflight_argv(rig, {GATEWAY: "slow"}, ("slow",))
+    running = rig.background(*argv, env=environment(rig))
+    running.wait_for(mark.exists, timeout=60)
+    gateway_process(rig).kill()  # the gateway dies; the host's probe runs on
+    assert running.finish(timeout=60) == 0, running.stderr
+    slow = verdicts(running.stdout)["slow"]
+    assert (slow["status"], slow["failure"]) == ("warning", "gateway"), slow["warnings"]
+    said = " ".join(slow["warnings"])
+    assert f"gateway {GATEWAY} was lost while the command ran" in said, said
+    assert "Traceback" not in running.stderr

@@ -19,6 +19,7 @@ from fdl_tasks.ssh.gateways import (
     hop_config,
     outcome,
     plan,
+    rerouted,
     ssh_kind,
     unknown_labels,
 )
@@ -163,3 +164,17 @@ def test_a_host_out_of_time_names_its_gateway() -> None:
     assert outcome(ROUTE, None, {}, lost=None, timed_out=5.0) == Failure(
         "no answer within 5 s (through gateway gw1 or gw2)"
     )
+
+
+def test_a_gateway_rerouted_from_is_one_warning() -> None:
+    routes = [
+        Route(("gw1", "gw2"), ("n1",)),
+        Route(("gw1", "gw2"), ("n2",)),
+        Route(("gw3",), ("n3",)),
+    ]
+    said = {"gw1": Heard(stderr=["Connection refused"])}
+    assert rerouted(routes, {"gw1", "gw3"}, said) == [
+        "gateway gw1 could not be reached (Connection refused); its hosts were asked "
+        "through another"
+    ]
+    assert rerouted(routes, {"gw1", "gw2"}, said) == []  # their hosts say it themselves
