@@ -27,7 +27,7 @@ import psutil
 import pytest
 import yaml
 
-from rig.harness import RigCluster, start_rig
+from rig.harness import RigCluster, prebuild_args, start_rig
 from rig.sshrig import HostSpec
 
 pytestmark = pytest.mark.rig
@@ -43,6 +43,7 @@ HOSTS = [
     HostSpec("slow", "127.0.0.19"),  # its probe waits: time to lose the gateway meanwhile
 ]
 BEHIND = ["near-a", "near-b", "stranger"]
+VARIANT = "precompiled/cpu"
 
 
 def gateway_python(rig: RigCluster) -> Path:
@@ -77,7 +78,7 @@ def gateway_ssh(rig: RigCluster) -> None:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
-    with start_rig(tmp_path_factory.mktemp("gateways"), HOSTS) as cluster:
+    with start_rig(tmp_path_factory.mktemp("gateways"), HOSTS, [VARIANT]) as cluster:
         gateway_ssh(cluster)
         yield cluster
 
@@ -181,6 +182,31 @@ def test_hosts_go_through_another_gateway_of_their_route(rig: RigCluster) -> Non
     assert [got[x]["status"] for x in ("near-a", "near-b")] == ["ok", "ok"], got
     assert f"gateway {DOWN} could not be reached" in done.stderr, done.stderr
     assert "Connection refused" in done.stderr and "asked through another" in done.stderr
+
+
+def test_a_gateway_without_clustershell_says_so(rig: RigCluster) -> None:
+    argv = preflight_argv(rig, {GATEWAY: "near-a"}, ("near-a",))
+    bare = {**environment(rig), "CLUSTERSHELL_GW_PYTHON_EXECUTABLE": "/usr/bin/python3"}
+    done = rig.inv(*argv, env=bare)
+    assert done.returncode == 0, done.stderr
+    near = verdicts(done.stdout)["near-a"]
+    assert (near["status"], near["failure"]) == ("warning", "gateway"), near
+    said = " ".join(near["warnings"])
+    assert f"not asked: no gateway could be reached ({GATEWAY}: " in said, said
+    assert "No module named 'ClusterShell'" in said, said
+
+
+def test_published_binaries_are_verified_through_the_gateway(rig: RigCluster) -> None:
+    preflight_argv(rig, {GATEWAY: ["near-a", "near-b"]}, ())  # the settings and known_hosts
+    path = rig.write([rig.worker(x, arch=VARIANT) for x in ("near-a", "near-b")], "built.yaml")
+    env = {**environment(rig), "INVOKE_FDL_COMPILE_CACHE": "0"}  # native cargo, no sccache
+    done = rig.inv(*prebuild_args(path), env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "verify: 2 host(s) verified (same bytes, every library resolves)" in done.stderr, (
+        done.stderr
+    )
+    known = rig.known_hosts.read_text()
+    assert "127.0.0.14" not in known and "127.0.0.15" not in known, known
 
 
 def gateway_process(rig: RigCluster) -> psutil.Process:
