@@ -10,6 +10,7 @@ is named to its gateway by its ssh target. Pure; :mod:`fdl_tasks.ssh.gateways_io
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
@@ -26,6 +27,8 @@ from fdl_tasks.ssh.outcomes import Failure, FailureKind, Outcome, Reply
 ROOT = "fdl-controller"
 #: The gateway's interpreter when ``CLUSTERSHELL_GW_PYTHON_EXECUTABLE`` does not name one.
 GATEWAY_PYTHON = "python3"
+#: A host name or IPv4 address, as both OpenSSH and ClusterShell's node sets take it.
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: What OpenSSH exits with when it, not the command, failed.
 SSH_FAILED = 255
 #: OpenSSH's words for each kind of failure, first match wins.
@@ -76,6 +79,16 @@ def expand(text: str, what: str) -> list[str]:
         raise FdlError(f"fdl.gateways: {what} {text!r} is not a name or node set: {exc}") from None
 
 
+def plain(name: str, what: str) -> str:
+    """A name that is itself as a ClusterShell node and cannot be read as an ssh option."""
+    if not _PLAIN.fullmatch(name) or expand(name, what) != [name]:
+        raise FdlError(
+            f"fdl.gateways: {what} {name!r} must be a plain host name or address to go "
+            "through a gateway (letters, digits, '.', '_', '-'; no user@ nor port)"
+        )
+    return name
+
+
 def unknown_labels(setting: Mapping[str, Sequence[str]], labels: Collection[str]) -> None:
     """Refuse a setting that names a host the cluster file does not have."""
     for gateway, served in setting.items():
@@ -96,14 +109,14 @@ def plan(setting: Mapping[str, Sequence[str]], workers: Iterable[Worker]) -> Gat
     routes: list[Route] = []
     seen: dict[str, str] = {}
     for key, served in setting.items():
-        gateways = tuple(expand(key, "gateway"))
+        gateways = tuple(plain(g, "gateway") for g in expand(key, "gateway"))
         labels = [x for text in served for x in expand(text, "host")]
         for label in labels:
             if label in seen:
                 raise FdlError(f"fdl.gateways: {label} is served by both {seen[label]} and {key}")
             seen[label] = key
         routes.append(Route(gateways, tuple(x for x in labels if x in by_label)))
-    nodes = {x: by_label[x].ssh_target for r in routes for x in r.labels}
+    nodes = {x: plain(by_label[x].ssh_target, f"{x}'s target") for r in routes for x in r.labels}
     every = {g for r in routes for g in r.gateways}
     named: dict[str, str] = {}
     for label, node in nodes.items():

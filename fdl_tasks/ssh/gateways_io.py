@@ -15,12 +15,12 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 from ClusterShell.Event import EventHandler
-from ClusterShell.NodeSet import NodeSet
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
 from ClusterShell.Propagation import RouteResolvingError
 from ClusterShell.Task import Task, task_self
 from ClusterShell.Task import TimeoutError as TreeTimeout
@@ -117,12 +117,15 @@ def _hop_worker(argv: list[str]) -> type[ExecWorker]:
 def _topology(plan: GatewayPlan) -> Any:
     """This controller to every gateway, each route's gateways to its hosts."""
     graph = TopologyGraph()
-    every = NodeSet.fromlist([g for r in plan.routes for g in r.gateways])
-    graph.add_route(NodeSet(ROOT), every)
+    graph.add_route(_nodes([ROOT]), _nodes(g for r in plan.routes for g in r.gateways))
     for route in plan.routes:
-        hosts = NodeSet.fromlist([plan.nodes[x] for x in route.labels])
-        graph.add_route(NodeSet.fromlist(route.gateways), hosts)
+        graph.add_route(_nodes(route.gateways), _nodes(plan.nodes[x] for x in route.labels))
     return graph.to_tree(ROOT)
+
+
+def _nodes(names: Iterable[str]) -> NodeSet:
+    """Plain names as a node set, no group (``@``) looked up in ClusterShell's files."""
+    return NodeSet.fromlist(list(names), resolver=RESOLVER_NOGROUP)
 
 
 def _run(

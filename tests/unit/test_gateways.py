@@ -78,6 +78,21 @@ def test_a_plan_that_cannot_be_a_tree_is_refused(
         plan(setting, WORKERS)
 
 
+@pytest.mark.parametrize(
+    ("setting", "target", "said"),
+    [
+        ({"-oProxyCommand=x": ("n1",)}, "10.0.0.1", "gateway '-oProxyCommand=x' must be a plain"),
+        ({"gw": ("n1",)}, "root@10.0.0.1", "n1's target 'root@10.0.0.1' must be a plain"),
+        ({"gw": ("n1",)}, "-F/x", "n1's target '-F/x' must be a plain"),
+    ],
+)
+def test_names_that_ssh_or_clustershell_would_read_otherwise_are_refused(
+    setting: dict[str, tuple[str, ...]], target: str, said: str
+) -> None:
+    with pytest.raises(FdlError, match=said):
+        plan(setting, [worker("n1", target)])
+
+
 def test_two_hosts_of_one_target_cannot_share_a_gateway() -> None:
     twins = [worker("a", "10.0.0.9"), worker("b", "10.0.0.9")]
     with pytest.raises(FdlError, match=r"a and b are both 10\.0\.0\.9"):
