@@ -196,6 +196,15 @@ def test_a_gateway_without_clustershell_says_so(rig: RigCluster) -> None:
     assert "No module named 'ClusterShell'" in said, said
 
 
+def test_a_dry_run_says_which_hosts_go_through_a_gateway(rig: RigCluster) -> None:
+    argv = preflight_argv(rig, {GATEWAY: "near-a"}, ("near-a", "far"))
+    done = rig.inv("--dry", *argv, env=environment(rig))
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert f"[near-a] gateway {GATEWAY}, then ssh 127.0.0.14 " in said, said
+    assert "[far] ssh root@127.0.0.18:2222 " in said, said
+
+
 def test_published_binaries_are_verified_through_the_gateway(rig: RigCluster) -> None:
     preflight_argv(rig, {GATEWAY: ["near-a", "near-b"]}, ())  # the settings and known_hosts
     path = rig.write([rig.worker(x, arch=VARIANT) for x in ("near-a", "near-b")], "built.yaml")
