@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ClusterShell.Event import EventHandler
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
@@ -29,6 +29,7 @@ from ClusterShell.Worker.Exec import ExecClient, ExecWorker
 from ClusterShell.Worker.Tree import TreeWorker
 
 from fdl_tasks.config.settings import Settings
+from fdl_tasks.core.reporting import Severity
 from fdl_tasks.ssh.gateways import (
     ROOT,
     GatewayPlan,
@@ -39,7 +40,10 @@ from fdl_tasks.ssh.gateways import (
     outcome,
     rerouted,
 )
-from fdl_tasks.ssh.outcomes import Outcome
+from fdl_tasks.ssh.outcomes import Outcome, Reply
+
+if TYPE_CHECKING:
+    from fdl_tasks.ssh.remote import Fleet
 
 #: Seconds past the budgets before the whole tree is given up on.
 SLACK = 10.0
@@ -193,3 +197,20 @@ def start(
 
     threading.Thread(target=work, name="fdl-gateways", daemon=True).start()
     return future
+
+
+def split_run(
+    fleet: Fleet, behind: list[str], scripts: Mapping[str, str], timeout: float | None
+) -> dict[str, Outcome]:
+    """:meth:`Fleet.run` when some hosts are behind gateways: those through them, the
+    others directly at the same time; a warning for each gateway rerouted from."""
+    started = time.monotonic()
+    routed = start(fleet.gateways, {x: scripts[x] for x in behind}, fleet.settings, timeout)
+    direct = fleet.run({x: s for x, s in scripts.items() if x not in behind}, timeout)
+    through, warnings = routed.result()
+    for warning in warnings:
+        fleet.report(warning, Severity.WARNING)
+    outcomes = {**direct, **through}
+    ended = time.monotonic()
+    fleet.rounds.extend((x, started, ended, isinstance(outcomes[x], Reply)) for x in behind)
+    return {x: outcomes[x] for x in scripts}
