@@ -30,6 +30,9 @@ LoginErrors = Annotated[str, "LoginErrors"]
 NcclMismatch = Annotated[str, "NcclMismatch"]
 #: ``fdl.launcher``: ``fdl`` (flodl's own launcher), ``direct`` (each binary alone) or ``auto``.
 Launcher = Annotated[str, "Launcher"]
+#: ``fdl.gateways``: gateways (a name, or a ClusterShell node set of gateways that share
+#: the hosts) to the worker labels each serves (a list, or one node set such as ``n[01-40]``).
+Gateways = Annotated[dict[str, tuple[str, ...]], "Gateways"]
 #: What ``fdl.launcher: auto`` and ``--launcher`` choose among.
 LAUNCHERS = ("auto", "fdl", "direct")
 _SWITCH_WORDS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
@@ -97,6 +100,28 @@ def check_cache_size(value: object) -> Size:
     return text
 
 
+def check_gateways(value: object) -> Gateways:
+    """The shape only; names are expanded and held against the cluster by the fan-out.
+
+    A mapping from invoke.yaml arrives as Invoke's ``DataProxy``: anything with items."""
+    items = getattr(value, "items", None)
+    if not callable(items):
+        raise InvalidValue(
+            f"must be a mapping of gateway to the worker labels it serves, got {quote(value)}"
+        )
+    routes: Gateways = {}
+    for gateway, served in items():
+        labels = [served] if isinstance(served, str) else served
+        if not isinstance(gateway, str) or not gateway.strip():
+            raise InvalidValue(f"has a gateway that is not a name: {quote(gateway)}")
+        if not isinstance(labels, list | tuple) or not labels:
+            raise InvalidValue(f"{gateway}: must name the worker labels it serves")
+        if not all(isinstance(x, str) and x.strip() for x in labels):
+            raise InvalidValue(f"{gateway}: {quote(served)} is not a list of worker labels")
+        routes[gateway.strip()] = tuple(x.strip() for x in labels)
+    return routes
+
+
 def size_bytes(size: Size) -> int:
     """``10G`` → bytes (a checked :data:`Size`)."""
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(size[-1], 1)
@@ -113,4 +138,5 @@ SETTING_CHECKS: dict[Any, Callable[[object], object]] = {
     LoginErrors: one_of("error", "warn"),
     NcclMismatch: one_of("error", "warn"),
     Launcher: one_of(*LAUNCHERS),
+    Gateways: check_gateways,
 }

@@ -19,6 +19,7 @@ import attrs
 from fdl_tasks.config.converter import structure
 from fdl_tasks.config.setting_values import (
     Count,
+    Gateways,
     Launcher,
     LoginErrors,
     NcclMismatch,
@@ -48,6 +49,8 @@ class Settings:
     ssh_window: Count = 32
     ssh_sessions: Count = 128
     probe_timeout: Seconds = 20.0
+    #: Hosts asked through ClusterShell gateways (preflight, verification); empty: none.
+    gateways: Gateways = attrs.field(factory=dict)
     build_jobs: Count = 0
     build_timeout: Seconds = 3600.0
     crate_dir: str = ""

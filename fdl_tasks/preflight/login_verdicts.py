@@ -34,6 +34,8 @@ def failed_verdict(host: str, data_path: str, failure: Failure, login_errors: st
         )
     if kind in CONFIG_KINDS:
         warning = f"{failure.reason} (a warning: fdl.ssh_login_errors is warn)"
+    elif kind is FailureKind.GATEWAY:  # the host was not asked: nothing known of it
+        warning = failure.reason
     else:
         warning = f"unreachable: {failure.reason}"
     return HostVerdict(host, "warning", (), (warning,), None, data_path, failure=kind.value)

@@ -34,6 +34,7 @@ from fdl_tasks.preflight.probe import (
     parse_facts,
     unreachable,
 )
+from fdl_tasks.ssh.gateways import plan, unknown_labels
 from fdl_tasks.ssh.outcomes import Failure
 from fdl_tasks.ssh.remote import Fleet
 from fdl_tasks.timings.recording import round_trips, step
@@ -128,11 +129,16 @@ def dry_run_lines(run: Run, *, abi: bool, crate: str | None = None) -> list[str]
 
     local = one_line(controller_request(run.cluster, run.controller))
     lines = [f"[{run.controller}] (local) sh -c {local}"]
+    routes = plan(run.settings.gateways, run.remotes)
     for worker in run.remotes:
         port = worker.ssh.port or 22
         user = f"{worker.ssh.user}@" if worker.ssh.user else ""
         request = ProbeRequest.for_host(worker, abi, crate, run.cluster.source)
-        lines.append(f"[{worker.host}] ssh {user}{worker.ssh_target}:{port} {one_line(request)}")
+        if route := routes.route_of(worker.host):  # the gateway's ssh config says the rest
+            where = f"gateway {route.said}, then ssh {worker.ssh_target}"
+        else:
+            where = f"ssh {user}{worker.ssh_target}:{port}"
+        lines.append(f"[{worker.host}] {where} {one_line(request)}")
     return lines
 
 
@@ -156,6 +162,7 @@ def run_preflight(
     CPU architectures; a host whose probe says otherwise has them asked again.
     """
     remotes, source = run.remotes, run.cluster.source
+    unknown_labels(run.settings.gateways, [w.host for w in run.cluster.workers])
     run.report(
         f"preflight: probing {len(remotes)} remote host(s)"
         + (" with the ABI gate" if abi else "")

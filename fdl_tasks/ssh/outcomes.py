@@ -24,6 +24,9 @@ class FailureKind(enum.Enum):
     KEY_FILE = "key_file"
     #: The port answers, but not as an SSH server.
     NOT_SSH = "not_ssh"
+    #: Not asked: the host's gateway (``fdl.gateways``) could not be reached, or was lost
+    #: while the command ran. Says nothing of the host itself; a warning like unreachable.
+    GATEWAY = "gateway"
     #: Anything else: reported as it came, a warning like unreachable.
     OTHER = "other"
 

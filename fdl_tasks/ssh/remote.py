@@ -25,6 +25,8 @@ from fdl_tasks.config.settings import Settings
 from fdl_tasks.core.console import TextSink
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.reporting import Report, Severity
+from fdl_tasks.ssh.gateways import plan
+from fdl_tasks.ssh.gateways_io import split_run
 from fdl_tasks.ssh.known_hosts_io import KnownHostsView, SharedHostKeys, explain_refusal
 from fdl_tasks.ssh.login_facts import Identity, greet, load_identity, login_of, quiet_paramiko
 from fdl_tasks.ssh.outcomes import Failure, Outcome, Reply
@@ -57,9 +59,9 @@ class Fleet:
 
     def __init__(self, workers: Iterable[Worker], settings: Settings, report: Report) -> None:
         quiet_paramiko()
-        self.settings = settings
-        self.report = report
+        self.settings, self.report = settings, report
         self.workers: dict[str, Worker] = {w.host: w for w in workers}
+        self.gateways = plan(settings.gateways, self.workers.values())
         self.failed: dict[str, Failure] = {}
         #: Every round trip so far: host, start, end (monotonic), whether it ran (``--timings``).
         self.rounds: list[tuple[str, float, float, bool]] = []
@@ -242,13 +244,14 @@ class Fleet:
     ) -> dict[str, Outcome]:
         """Run ``scripts[label]`` on each host; never raises for a host's failure.
 
-        Each host is opened (``ssh_window`` handshakes at a time) and asked in
-        turn, ``ssh_sessions`` hosts at a time, so the threads, and the work
-        each server sees at once, are bounded, however large the fleet. With
-        ``streams`` (launch), every host is opened first and then all run at
-        once, each host's output going, as it comes, to its own stream.
+        Each host is opened (``ssh_window`` handshakes at a time) and asked in turn,
+        ``ssh_sessions`` at a time, so threads and each server's load stay bounded. With
+        ``streams`` (launch), every host is opened, then all run at once, each one's output
+        to its own stream as it comes; else ``fdl.gateways``' hosts go through them.
         """
         started = time.monotonic()
+        if not streams and (behind := self.gateways.behind(scripts)):  # a launch: direct
+            return split_run(self, behind, scripts, timeout)
         if streams:
             self.open(scripts)
         sessions = len(scripts) if streams else self.settings.ssh_sessions or len(scripts)
