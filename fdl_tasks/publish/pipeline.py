@@ -93,7 +93,7 @@ def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[HostVerdict
             run.report(line)
         return []
     backend = backend_for(run.cluster, secrets.token_hex(4), None)  # checks only: no cache
-    with Fleet(run.remotes, run.settings, run.report) as fleet:
+    with Fleet(run.remotes, run.settings, run.report, once=True) as fleet:
         verdicts = run_preflight(run, fleet, backend, abi=abi)
     report_preflight(run, verdicts, as_json)
     return verdicts

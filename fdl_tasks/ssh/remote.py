@@ -31,7 +31,7 @@ from fdl_tasks.ssh.known_hosts_io import KnownHostsView, SharedHostKeys, explain
 from fdl_tasks.ssh.login_facts import Identity, greet, load_identity, login_of, quiet_paramiko
 from fdl_tasks.ssh.outcomes import Failure, Outcome, Reply
 from fdl_tasks.ssh.ssh_failures import describe_failure, key_file_failure, wants_greeting
-from fdl_tasks.ssh.sshconfig import host_key_options, read_config, ssh_config_block
+from fdl_tasks.ssh.sshconfig import connect_budget, host_key_options, read_config, ssh_config_block
 from fdl_tasks.ssh.transports import FleetRemote, hang_up, settle
 
 
@@ -57,9 +57,13 @@ class Fleet:
     per distinct ssh_config block; the loaded identity) is built once.
     """
 
-    def __init__(self, workers: Iterable[Worker], settings: Settings, report: Report) -> None:
+    def __init__(
+        self, workers: Iterable[Worker], settings: Settings, report: Report, once: bool = False
+    ) -> None:
+        """``once``: each host is asked one thing (``inv preflight``), so its login ends
+        with its answer; a fleet's servers then do not hold every session to the end."""
         quiet_paramiko()
-        self.settings, self.report = settings, report
+        self.settings, self.report, self.once = settings, report, once
         self.workers: dict[str, Worker] = {w.host: w for w in workers}
         self.gateways = plan(settings.gateways, self.workers.values())
         self.failed: dict[str, Failure] = {}
@@ -123,7 +127,7 @@ class Fleet:
         hops: list[_Hop] = []
         hop: Any = connection
         while isinstance(hop, fabric.Connection):  # the target and each ProxyJump hop
-            budget = self._budget(worker.host, hop)
+            budget = connect_budget(worker.host, hop.host, hop.ssh_config, self.settings)
             hop.connect_timeout = budget
             # A jump host's channel is the TCP connect to the next hop: the connect budget.
             # The target's own channels open on a login already made: a slow one is a busy
@@ -149,22 +153,6 @@ class Fleet:
         self._hops[worker.host] = hops
         self._budgets[worker.host] = hops[0].connection.connect_timeout
         return connection
-
-    def _budget(self, label: str, hop: fabric.Connection) -> float:
-        """The hop's ``ConnectTimeout`` if its ssh_config has one, else the setting."""
-        value = hop.ssh_config.get("connecttimeout")
-        if value is None:
-            return self.settings.connect_timeout
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = 0.0
-        if not 0 < seconds < float("inf"):
-            raise FdlError(
-                f"{label}: ConnectTimeout {value!r} (for {hop.host}) must be a positive "
-                "number of seconds"
-            )
-        return seconds
 
     def _failure(self, label: str, exc: BaseException) -> Failure:
         """One line for a host's failure; a changed key names the hop and the file."""
@@ -206,7 +194,9 @@ class Fleet:
         Leaving normally waits for the handshakes; leaving by an exception does not
         (a stop must not wait on a slow host): :meth:`close` hangs up what they open.
         """
-        todo = [x for x in labels if self._unopened(x)]
+        wanted = list(labels)
+        behind = set(self.gateways.behind(wanted))  # asked through their gateway, not by us
+        todo = [x for x in wanted if x not in behind and self._unopened(x)]
         opener = threading.Thread(target=self.open, args=(todo,), daemon=True, name="fdl-open")
         if todo:
             opener.start()
@@ -263,6 +253,8 @@ class Fleet:
                     self._attempt(label)
             outcome = self.failed.get(label) or self._ask(label, scripts[label], timeout, streams)
             self.rounds.append((label, started, time.monotonic(), isinstance(outcome, Reply)))
+            if self.once:
+                hang_up(self.connections[label])
             return label, outcome
 
         pool = ThreadPoolExecutor(max_workers=max(1, min(sessions, len(scripts))))

@@ -21,6 +21,7 @@ import attrs
 
 from fdl_tasks.config.model import Worker
 from fdl_tasks.config.names import split_ssh_option
+from fdl_tasks.config.settings import Settings
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.ssh.hostkey_policy import DEFAULT_STRICT, STRICT_WORDS
 
@@ -58,6 +59,22 @@ def ssh_config_block(worker: Worker) -> tuple[str, list[str]]:
         else:
             ignored.append(option[: len(key)])
     return "\n".join(lines) + "\n", ignored
+
+
+def connect_budget(label: str, host: str, config: Mapping[str, Any], settings: Settings) -> float:
+    """A hop's ``ConnectTimeout`` if its ssh_config (``config``) has one, else the setting."""
+    value = config.get("connecttimeout")
+    if value is None:
+        return settings.connect_timeout
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise FdlError(
+            f"{label}: ConnectTimeout {value!r} (for {host}) must be a positive number of seconds"
+        )
+    return seconds
 
 
 def read_config(path: str) -> str:
