@@ -26,7 +26,6 @@ from fdl_tasks.core.console import TextSink
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.reporting import Report, Severity
 from fdl_tasks.ssh.gateways import plan
-from fdl_tasks.ssh.gateways_io import split_run
 from fdl_tasks.ssh.known_hosts_io import KnownHostsView, SharedHostKeys, explain_refusal
 from fdl_tasks.ssh.login_facts import Identity, greet, load_identity, login_of, quiet_paramiko
 from fdl_tasks.ssh.outcomes import Failure, Outcome, Reply
@@ -241,6 +240,8 @@ class Fleet:
         """
         started = time.monotonic()
         if not streams and (behind := self.gateways.behind(scripts)):  # a launch: direct
+            from fdl_tasks.ssh.gateways_io import split_run  # ClusterShell's engine: when used
+
             return split_run(self, behind, scripts, timeout)
         if streams:
             self.open(scripts)
