@@ -8,6 +8,8 @@ benchmark (``python3 -m bench.fleet``) measures; this checks verdicts.
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,12 +24,13 @@ pytestmark = pytest.mark.rig
 
 HOSTS = 256
 VARIANT = "precompiled/cpu"
+PORT = 2301
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
     root = tmp_path_factory.mktemp("fleet")
-    rig = FleetRig(root / "fleet", port=2301, net="127.0.5")
+    rig = FleetRig(root / "fleet", port=PORT, net="127.0.5")
     project = make_project(root / "project", [VARIANT])
     workers = [{**w, "arch": VARIANT} for w in rig.workers(HOSTS, str(project))]
     write_tasks_file(root)
@@ -72,3 +75,37 @@ def test_prebuild_verifies_and_launch_runs_on_every_host(
     assert launched.returncode == 0, launched.stderr[-2000:]
     lines = {line for line in launched.stdout.splitlines() if "variant=" in line}
     assert lines == {f"[{name}] ddp-bench variant={VARIANT} cuda=off" for name in names()}
+
+
+def open_logins() -> int:
+    """The controller's established ssh connections to the fleet now."""
+    done = subprocess.run(
+        ["ss", "-Htn", "state", "established", f"( dport = :{PORT} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return len(done.stdout.splitlines())
+
+
+def test_preflight_hangs_up_each_host_once_it_answered(fleet: tuple[Path, dict[str, str]]) -> None:
+    """Nothing after the probe asks a host again, so no login outlives its answer: a fleet's
+    servers never hold every session at once (at 4,096 hosts that cost them 5 ms a host)."""
+    root, env = fleet
+    sessions = 32
+    peak, stop = [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.02):
+            peak[0] = max(peak[0], open_logins())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        env = {**env, "INVOKE_FDL_SSH_SESSIONS": str(sessions)}
+        done = run_inv(root, "preflight", env=env, timeout=300)
+    finally:
+        stop.set()
+        watcher.join()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 0 < peak[0] <= sessions + 8, peak[0]  # held to the end, it would reach 256
