@@ -196,12 +196,13 @@ class Fleet:
         wanted = list(labels)
         behind = set(self.gateways.behind(wanted))  # asked through their gateway, not by us
         todo = [x for x in wanted if x not in behind and self._unopened(x)]
+        if not todo:
+            yield
+            return
         opener = threading.Thread(target=self.open, args=(todo,), daemon=True, name="fdl-open")
-        if todo:
-            opener.start()
+        opener.start()
         yield
-        if todo:
-            opener.join()
+        opener.join()
 
     def _unopened(self, label: str) -> bool:
         return label not in self.failed and not self.connections[label].is_connected
