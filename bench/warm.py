@@ -28,6 +28,9 @@ B alternating within a repetition (medians):
 - W4t the same in a ``--watch --timings`` session: save → published less the
   cycle's builds (first start to last end, from its ``--timings`` page), the
   tool's own share (target <= 0.25 s), beside the builds;
+- W3f the least a no-op can cost with Invoke and Fabric: a Python process that
+  imports them, logs into the 3 hosts at once, makes two round trips on each
+  (preflight's and verification's) and exits, vs the bare no-op build;
 - W0 and W2w, the floor: after the same edit, one ``docker exec`` of the bare
   build's cargo in a warm container of the copy, and the 3 variants' at once,
   vs the bare ``docker run`` (no tool at all).
@@ -142,12 +145,45 @@ def floor_rows(setup: Setup, reps: int) -> list[Row]:
     return [one, three]
 
 
+#: The least a no-op prebuild can be, as a program: Python with Invoke and Fabric, every
+#: host's login at once, then two round trips each (preflight's, verification's), exit.
+LEAST_CLIENT = """
+import sys, threading
+import fabric, invoke
+hosts = sys.argv[2:]
+def ask(host):
+    c = fabric.Connection(host, user="root", port=2222, connect_kwargs={
+        "key_filename": sys.argv[1], "look_for_keys": False, "allow_agent": False})
+    c.client.set_missing_host_key_policy(__import__("paramiko").AutoAddPolicy())
+    for _ in range(2):
+        c.run("true", hide=True, in_stream=False)
+    c.close()
+threads = [threading.Thread(target=ask, args=(h,)) for h in hosts]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+
+
+def least_client(setup: Setup) -> float:
+    """Seconds of one :data:`LEAST_CLIENT` run against the rig's hosts."""
+    key = setup.rig.rig.client_key
+    argv = [sys.executable, "-c", LEAST_CLIENT, str(key), *(h.address for h in HOSTS)]
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise BenchError(f"the least client exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return seconds
+
+
 def loop_rows(setup: Setup, reps: int) -> list[Row]:
     """W1, W1c, W2, W3: edit then prebuild (warm, then not) vs the bare builds."""
     edit = Row("W1", "edit → published, 3 variants, warm vs 1 bare", "inv", "bare", 2.0)
     cold = Row("W1c", "edit → published, 3 variants, --no-warm vs 1 bare", "inv", "bare", None)
     three = Row("W2", "edit → published, 3 variants, warm vs 3 bare at once", "inv", "3 bare", None)
     noop = Row("W3", "no-op, 3 variants, warm vs 1 bare no-op", "inv", "bare", 1.5)
+    what = "the least client (Fabric logins, 2 round trips) vs 1 bare no-op"
+    least = Row("W3f", what, "least", "bare", None)
     log("warming both target trees and the containers")
     setup.prebuild()
     setup.prebuild("--no-warm")
@@ -167,12 +203,13 @@ def loop_rows(setup: Setup, reps: int) -> list[Row]:
                 three.record(run.seconds, together, run)
         again = setup.prebuild()
         noop.record(again.seconds, bare(setup.bare_argv, "fdl-bench-warm", 10 * rep + 2), again)
+        least.record(least_client(setup), bare(setup.bare_argv, "fdl-bench-warm", 10 * rep + 3))
         log(
             f"rep {rep + 1}/{reps}: edit warm {edit.a[-1]:.2f}s, --no-warm {cold.a[-1]:.2f}s, "
             f"bare {edit.b[-1]:.2f}s, 3 bare {three.b[-1]:.2f}s; no-op {noop.a[-1]:.2f}s vs "
             f"bare {noop.b[-1]:.2f}s"
         )
-    return [edit, cold, three, noop]
+    return [edit, cold, three, noop, least]
 
 
 def check_published(rig: RigCluster, project: Path, command: str, rev: str) -> None:

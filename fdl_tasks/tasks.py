@@ -16,7 +16,7 @@ from invoke.context import Context
 import fdl_tasks.publish.pipeline as pipeline
 from fdl_tasks.api import crate_of, recorded_prebuild, start_build
 from fdl_tasks.build.clean import clean_target_tree, stale_warning
-from fdl_tasks.cli import ClusterChoice, fdl_task, hook_config_errors, off, require_command
+from fdl_tasks.cli import ClusterChoice, fdl_task, hook_command_line, off, require_command
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.settings import namespace_defaults
 from fdl_tasks.core.errors import FdlError
@@ -226,6 +226,6 @@ def push_libtorch(c: Context, where: ClusterChoice, host: str | None = None) -> 
     push_libtorch_to(run, workers)
 
 
-hook_config_errors()
+hook_command_line()
 ns = Collection(preflight, build_host, prebuild, launch, clean, push_libtorch)
 ns.configure({"fdl": namespace_defaults()})

@@ -256,7 +256,7 @@ def as_read(before: Snapshot, after: Snapshot) -> Snapshot:
         elif (start is None or start.same_stat(seen)) and not racy(seen, before.taken_ns):
             entries[path] = seen
         else:
-            entries[path] = attrs.evolve(seen, digest=UNKNOWN)
+            entries[path] = seen.with_digest(UNKNOWN)
     for path, start in before.entries.items():
         entries.setdefault(path, start)  # removed while the build ran: a change next time
     trees = tuple(sorted({*before.trees, *after.trees}))

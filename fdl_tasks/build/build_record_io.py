@@ -23,6 +23,7 @@ import itertools
 import os
 import posixpath
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -72,12 +73,14 @@ def read_record(path: Path) -> BuildRecord | None:
 
 @attrs.frozen
 class Check:
-    """A build's check against its record: ``verdict.fresh`` when cargo can be skipped;
-    ``look``, taken before cargo, becomes the next record if the build succeeds."""
+    """A build's check against its record: ``verdict.fresh`` when cargo can be skipped
+    (``record``: the one its target dir holds, which stays); ``look``, taken before cargo,
+    becomes the next record if the build succeeds."""
 
     verdict: Freshness
     look: Snapshot
     inputs: RecordInputs
+    record: BuildRecord | None = None
 
 
 class Records:
@@ -93,7 +96,16 @@ class Records:
         skip: bool = True,
         excluded: Sequence[str] = (),
     ) -> None:
-        self.root, self.inputs, self.skip, self.excluded = root, inputs, skip, tuple(excluded)
+        self.root, self.inputs, self.skip = root, inputs, skip
+        top = posixpath.normpath(str(root))
+        # A walk skips a target/ beside any Cargo.toml by itself.
+        skipped = {posixpath.join(top, "target"), *excluded}
+        self.scope = Scope(top, (), excluded=tuple(sorted(skipped)))
+        #: Whether the scope counts a path as a source, as found by the run's looks so far.
+        self._sources: dict[str, bool] = {}
+        #: One look at a time: looks side by side only take turns with the interpreter's
+        #: lock, at every stat, and every build's cargo would start later.
+        self._one_look = threading.Lock()
 
     def check(self, job: BuildJob) -> Check:
         """What ``job``'s build must do. A unit that read a file changed by content has
@@ -130,7 +142,7 @@ class Records:
                 with contextlib.suppress(FdlError):
                     write_atomically(path, attempt.to_json())
             self.force(job, found.forced)
-        return Check(found, look, inputs)
+        return Check(found, look, inputs, record if found.fresh else None)
 
     def nearest(self, job: BuildJob) -> BuildRecord | None:
         """The newest record another command's good build left in ``job``'s target dir:
@@ -164,31 +176,28 @@ class Records:
             for path in doomed:
                 shutil.rmtree(path, ignore_errors=True)
 
-    def record(self, job: BuildJob, check: Check) -> None:
+    def record(self, job: BuildJob, check: Check) -> BuildRecord | None:
         """After a build that succeeded: its record, from the look taken
-        before cargo ran and what its units named after it."""
+        before cargo ran and what its units named after it (``None``: none written)."""
         binary = _entry(self.root / job.built_binary)
         if binary is None:
-            return
+            return None
         units = unit_reads(self.root, job, check.inputs)
         after, _ = self.look(job, check.inputs, check.look, named(units))
         record = BuildRecord(check.inputs.identity, as_read(check.look, after), units, binary)
-        with contextlib.suppress(FdlError):  # no record only costs the next build a rebuild
+        try:
             write_atomically(record_file(self.root, job), record.to_json())
+        except FdlError:  # no record only costs the next build a rebuild
+            return None
+        return record
 
     def look(
         self, job: BuildJob, inputs: RecordInputs, previous: Snapshot | None, reads: set[str]
     ) -> tuple[Snapshot, bool]:
         """The look at what ``job``'s build reads (``reads``: what its units named), and
         whether it saw all of it (else cargo must run)."""
-        root = posixpath.normpath(str(self.root))
-        plan, whole = self.plan(job, inputs, root, reads)
-        # A walk skips a target/ beside any Cargo.toml by itself.
-        excluded = {posixpath.join(root, "target"), *self.excluded}
-        scope = Scope(root, (), excluded=tuple(sorted(excluded)))
+        root = self.scope.root
         variant = libtorch_dir(root, job.build.arch)
-        mounted = [t for t in plan.recursive if t != root and t not in reads]
-        read_trees = [t for t in plan.recursive if t in reads]
 
         def counts(path: str) -> bool:
             """Read by content: what a unit named and the project's sources; never the
@@ -197,16 +206,27 @@ class Records:
                 return False
             if path in reads or any(under(path, t) for t in read_trees):
                 return True
-            return not any(under(path, t) for t in mounted) and scope.classify(path) is not None
+            return not any(under(path, t) for t in mounted) and self.source(path)
 
         def unnamed(path: str) -> bool:
             """A file changed in the last seconds, which this build may be the first to
             read: its content as the build starts (the variant apart)."""
             return not under(path, variant)
 
-        clock = _clock_ns(self.root / job.target_dir)
-        look = scan(plan, scope, previous, clock, counts, keep=reused_digest, racy_counts=unnamed)
+        with self._one_look:
+            plan, whole = self.plan(job, inputs, root, reads)
+            mounted = [t for t in plan.recursive if t != root and t not in reads]
+            read_trees = [t for t in plan.recursive if t in reads]
+            clock = _clock_ns(self.root / job.target_dir)
+            look = scan(plan, self.scope, previous, clock, counts, reused_digest, unnamed)
         return look, whole
+
+    def source(self, path: str) -> bool:
+        """Whether the project's scope counts ``path`` (the same for every build's look)."""
+        found = self._sources.get(path)
+        if found is None:
+            found = self._sources[path] = self.scope.classify(path) is not None
+        return found
 
     def plan(
         self, job: BuildJob, inputs: RecordInputs, root: str, reads: set[str]

@@ -25,7 +25,7 @@ from invoke.context import Context
 from fdl_tasks.build.backends.protocol import Backend
 from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_order import head_start
-from fdl_tasks.build.build_record import forced_line
+from fdl_tasks.build.build_record import BuildRecord, forced_line, tree_digest
 from fdl_tasks.build.build_record_io import Records
 from fdl_tasks.build.build_view import last_run_seconds, ran_line
 from fdl_tasks.build.build_view_io import BuildView
@@ -54,6 +54,9 @@ class JobResult:
     cache: CacheStats | None = None
     rebuilt: bool = False
     sha256: str = ""
+    #: The digest of the tree the binary was built from, as its build record says
+    #: (:func:`~fdl_tasks.build.build_record.tree_digest`; empty without a record).
+    tree: str = ""
     #: When the build started (``time.monotonic``): ``--timings`` draws it.
     started: float = 0.0
 
@@ -175,7 +178,7 @@ class Builder:
         built = self.root / job.built_binary
         check = self.records.check(job) if self.records else None
         if check and check.verdict.fresh:
-            return self._succeeded(job, started, rebuilt=False, skipped=True)
+            return self._succeeded(job, started, check.record, rebuilt=False, skipped=True)
         before = _size_and_mtime(built)
         log_path = self.root / job.log_file
         with log_path.open("w", encoding="utf-8") as log:
@@ -226,15 +229,20 @@ class Builder:
             return JobResult(
                 job=job, ok=False, seconds=seconds, detail=problem, exit_code=code, log_tail=tail
             )
-        if self.records and check:
-            self.records.record(job, check)
-        return self._succeeded(job, started, rebuilt=_size_and_mtime(built) != before)
+        record = self.records.record(job, check) if self.records and check else None
+        return self._succeeded(job, started, record, rebuilt=_size_and_mtime(built) != before)
 
     def _succeeded(
-        self, job: BuildJob, started: float, *, rebuilt: bool, skipped: bool = False
+        self,
+        job: BuildJob,
+        started: float,
+        record: BuildRecord | None,
+        *,
+        rebuilt: bool,
+        skipped: bool = False,
     ) -> JobResult:
         """A build that left its binary (``skipped``: cargo was not needed): each own-dir
-        host's copy, the binary's hash."""
+        host's copy, the binary's hash, the tree its ``record`` says it was built from."""
         built = self.root / job.built_binary
         for host in job.hosts:
             destination = self.root / job.host_binary(host)
@@ -248,6 +256,7 @@ class Builder:
             cache=read_stats(self.root / job.target_dir) if self.cache and not skipped else None,
             rebuilt=rebuilt,
             sha256=file_sha256(built),
+            tree=tree_digest(record) if record else "",
         )
 
     def _expire(self, job: BuildJob, process: int, expired: threading.Event) -> None:

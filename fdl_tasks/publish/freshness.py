@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_record import VERSION, first_changed, named, reused_digest, tree_digest
 from fdl_tasks.build.build_record_io import read_record, record_file
+from fdl_tasks.build.builder import JobResult
 from fdl_tasks.config.layout import sources_file
 from fdl_tasks.core.atomic_files import text_or_empty, write_atomically
 from fdl_tasks.core.errors import FdlError
@@ -50,16 +50,15 @@ def read_sources(text: str) -> dict[str, tuple[str, str]]:
         return {}
 
 
-def write_sources(root: Path, command: str, jobs: Sequence[BuildJob], kept: set[str]) -> None:
+def write_sources(root: Path, command: str, results: Sequence[JobResult], kept: set[str]) -> None:
     """Beside the envelope just published: the record and tree digest of each host's
     binary (the hosts in ``kept`` keep their entries: their binaries did not change)."""
     path = root / sources_file(command)
     sources = {h: e for h, e in read_sources(text_or_empty(path)).items() if h in kept}
-    for job in jobs:
-        record_path = record_file(root, job)
-        if (record := read_record(record_path)) is not None:
-            relative = str(record_path.relative_to(root))
-            sources |= dict.fromkeys(job.hosts, (relative, tree_digest(record)))
+    for result in results:
+        if result.tree:
+            relative = str(record_file(root, result.job).relative_to(root))
+            sources |= dict.fromkeys(result.job.hosts, (relative, result.tree))
     with contextlib.suppress(FdlError):  # without it, launch cannot check: it launches
         write_atomically(path, sources_json(sources) + "\n")
 

@@ -228,7 +228,7 @@ def build_and_publish(
         merged = kept | envelopes
         with step(run, "publish", command):
             text = envelope.publish(run.root, command, merged)
-            write_sources(run.root, command, jobs, set(kept))
+            write_sources(run.root, command, results, set(kept))
     run.say(f"envelope of {command} for {len(merged)} host(s) written to {path}")
     if not run.settings.verify:
         run.say(

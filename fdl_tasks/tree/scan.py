@@ -16,8 +16,6 @@ import posixpath
 import stat
 from collections.abc import Callable
 
-import attrs
-
 from fdl_tasks.tree.roots import WatchPlan
 from fdl_tasks.tree.scope import Scope, ignored_dir, under
 from fdl_tasks.tree.snapshot import Entry, Snapshot, needs_digest, racy
@@ -80,9 +78,9 @@ class _Look:
             )
             if not new.is_dir and counted:
                 kept = self.keep(old, new, self.previous.taken_ns) if self.previous else None
-                new = attrs.evolve(new, digest=kept or digest(path))
+                new = new.with_digest(kept or digest(path))
         elif needs_digest(old, new, self.now_ns) and self.counts(path):
-            new = attrs.evolve(new, digest=digest(path))
+            new = new.with_digest(digest(path))
         self.entries[path] = new
 
     def pruned(self, path: str, name: str, beside_manifest: bool) -> bool:

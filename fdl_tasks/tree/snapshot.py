@@ -58,8 +58,30 @@ class Entry:
             and self.mode == other.mode
         )
 
+    def with_digest(self, digest: str | None) -> Entry:
+        """This stat with ``digest`` (a look sets one per counted file: kept cheap)."""
+        return Entry(
+            self.is_dir,
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.ino,
+            self.dev,
+            self.mode,
+            digest,
+        )
+
     def to_json(self) -> list[Any]:
-        return list(attrs.astuple(self))
+        return [
+            self.is_dir,
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+            self.ino,
+            self.dev,
+            self.mode,
+            self.digest,
+        ]
 
     @classmethod
     def from_json(cls, data: Any) -> Entry:
@@ -142,7 +164,7 @@ def diff(old: Snapshot, new: Snapshot, since_ns: int | None = None) -> set[tuple
 def settled(snapshot: Snapshot) -> Snapshot:
     """The look to compare the next one with: digests kept only where still racy."""
     entries = {
-        path: e if e.digest is None or racy(e, snapshot.taken_ns) else attrs.evolve(e, digest=None)
+        path: e if e.digest is None or racy(e, snapshot.taken_ns) else e.with_digest(None)
         for path, e in snapshot.entries.items()
     }
     return attrs.evolve(snapshot, entries=entries)

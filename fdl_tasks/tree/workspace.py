@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import time
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from fdl_tasks.config.run import Run
 from fdl_tasks.config.variants import libtorch_dir, libtorch_root
 from fdl_tasks.tree.buildscripts import declared_inputs
 from fdl_tasks.tree.scope import Scope, ignored_dir, make_scope, under
+from fdl_tasks.tree.snapshot import RACY_NS
 
 
 def walk_files(top: str, root: str) -> Iterator[str]:
@@ -53,20 +55,40 @@ def scope_files(scope: Scope) -> Iterator[str]:
                 yield from (e.path for e in os.scandir(path) if e.is_file())
 
 
+#: Each manifest's package name as last parsed, by path, with the stat it was parsed at.
+_NAMES: dict[str, tuple[tuple[int, ...], str | None]] = {}
+
+
 def package_dirs(root: str) -> dict[str, list[str]]:
-    """Package name → its directories, from every ``Cargo.toml`` of the workspace."""
+    """Package name → its directories, from every ``Cargo.toml`` of the workspace
+    (each build's record asks: a manifest is parsed again only when its stat moved, or
+    while it is too recent to trust, :data:`~fdl_tasks.tree.snapshot.RACY_NS`)."""
     found: dict[str, list[str]] = {}
     for path in walk_files(root, root):
-        if posixpath.basename(path) != "Cargo.toml":
-            continue
-        try:
-            with open(path, "rb") as manifest:
-                package = tomllib.load(manifest).get("package")
-        except (OSError, tomllib.TOMLDecodeError):
-            continue
-        if isinstance(package, dict) and isinstance(package.get("name"), str):
-            found.setdefault(package["name"], []).append(posixpath.dirname(path))
+        if posixpath.basename(path) == "Cargo.toml" and (name := _package_name(path)):
+            found.setdefault(name, []).append(posixpath.dirname(path))
     return found
+
+
+def _package_name(manifest: str) -> str | None:
+    try:
+        st = os.stat(manifest)
+    except OSError:
+        return None
+    key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    cached = _NAMES.get(manifest)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    try:
+        with open(manifest, "rb") as file:
+            package = tomllib.load(file).get("package")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    name = package.get("name") if isinstance(package, dict) else None
+    name = name if isinstance(name, str) else None
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS:  # a stat to trust
+        _NAMES[manifest] = (key, name)
+    return name
 
 
 def build_outputs(

@@ -30,6 +30,7 @@ from fdl_tasks.build.build_record import (
     verdict,
 )
 from fdl_tasks.build.build_record_io import MOUNT_BUDGET, Records, record_file
+from fdl_tasks.build.builder import JobResult
 from fdl_tasks.cargo.cargo_outputs import dep_info_paths, rerun_paths
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.model import Controller, DockerSettings
@@ -349,9 +350,9 @@ def records(
     return Records(root, lambda job: inputs)
 
 
-def built(root: Path, job: BuildJob, keeper: Records | None = None) -> None:
+def built(root: Path, job: BuildJob, keeper: Records | None = None) -> BuildRecord | None:
     """What a build step does: check, cargo (which writes the fingerprints the check
-    removed again), record."""
+    removed again), record (returned)."""
     keeper = keeper or records(root)
     fingerprints = root / job.target_dir / "release/.fingerprint"
     kept = {p: p.read_bytes() for p in fingerprints.rglob("*") if p.is_file()}
@@ -359,7 +360,7 @@ def built(root: Path, job: BuildJob, keeper: Records | None = None) -> None:
     for path, content in kept.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
-    keeper.record(job, check)
+    return keeper.record(job, check)
 
 
 def fingerprint(root: Path, job: BuildJob, name: str) -> Path:
@@ -667,8 +668,10 @@ def test_the_sidecar_reads_back_and_anything_else_names_no_host() -> None:
 
 def test_a_stale_binary_is_named_with_the_file_that_changed(tmp_path: Path) -> None:
     job = project(tmp_path)
-    built(tmp_path, job)
-    write_sources(tmp_path, "ddp-bench", [job], set())
+    record = built(tmp_path, job)
+    assert record is not None
+    result = JobResult(job=job, ok=True, seconds=1.0, tree=tree_digest(record))
+    write_sources(tmp_path, "ddp-bench", [result], set())
     assert stale_binary(tmp_path, "ddp-bench", ["a", "b", "c"]) is None
     lib = tmp_path / "util/src/lib.rs"
     mtime = lib.stat().st_mtime_ns

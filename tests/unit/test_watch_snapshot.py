@@ -31,6 +31,7 @@ from fdl_tasks.tree.snapshot import (
     settled,
     unseen,
 )
+from fdl_tasks.tree.workspace import package_dirs
 from fdl_tasks.watch.filewatch import Changes, FileWatch
 from fdl_tasks.watch.launchwait import wait_for_watch
 from fdl_tasks.watch.watcher import Watcher
@@ -292,3 +293,27 @@ def test_a_save_in_the_stamps_own_tick_is_waited_for(tree: Path, held: None) -> 
         wait_for_watch(tree, "p", 0.3, collect([]))
     state_with(tree, now.changed_ns + 1, {})  # changed before the stamp: seen
     wait_for_watch(tree, "p", 2.0, collect([]))
+
+
+def _manifest(path: Path, name: str, *, age_s: float) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "Cargo.toml").write_text(f'[package]\nname = "{name}"\n')
+    then = time.time() - age_s
+    os.utime(path / "Cargo.toml", (then, then))
+
+
+def test_a_renamed_package_is_seen_though_its_stat_kept_its_times(tmp_path: Path) -> None:
+    """package_dirs parses a manifest again when its stat moved, and while that stat is too
+    recent to trust: a rename of the same length with its mtime put back (``rsync -t``)."""
+    root = str(tmp_path)
+    _manifest(tmp_path / "a", "alpha", age_s=60)
+    assert package_dirs(root) == {"alpha": [f"{root}/a"]}
+    manifest = tmp_path / "a" / "Cargo.toml"
+    mtime = manifest.stat().st_mtime_ns
+    manifest.write_text('[package]\nname = "alpho"\n')  # same size; the ctime moves
+    os.utime(manifest, ns=(mtime, mtime))
+    assert package_dirs(root) == {"alpho": [f"{root}/a"]}
+    _manifest(tmp_path / "b", "bravo", age_s=0)  # racy: parsed each time, never kept
+    assert package_dirs(root)["bravo"] == [f"{root}/b"]
+    (tmp_path / "b" / "Cargo.toml").write_text('[package]\nname = "brava"\n')
+    assert package_dirs(root)["brava"] == [f"{root}/b"]
