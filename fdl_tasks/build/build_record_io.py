@@ -19,13 +19,12 @@ files touched.
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
 import posixpath
 import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import attrs
@@ -40,20 +39,15 @@ from fdl_tasks.build.build_record import (
     reused_digest,
     verdict,
 )
+from fdl_tasks.build.record_plan import look_plan
 from fdl_tasks.build.unit_reads import unit_reads
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.core.errors import FdlError
-from fdl_tasks.tree.roots import WatchPlan
 from fdl_tasks.tree.scan import entry_of, scan
 from fdl_tasks.tree.scope import Scope, under
 from fdl_tasks.tree.snapshot import Entry, Snapshot
-from fdl_tasks.tree.workspace import walk_files
-
-#: A user mount holding more files than this is not walked: its builds always run cargo.
-MOUNT_BUDGET = 20_000
-
 
 #: A record's file name in its target dir, of a command.
 RECORD_NAME = ".fdl-record-{}.json"
@@ -81,6 +75,8 @@ class Check:
     look: Snapshot
     inputs: RecordInputs
     record: BuildRecord | None = None
+    #: What the units named as the look was taken (it read each of them by content).
+    reads: frozenset[str] = frozenset()
 
 
 class Records:
@@ -129,7 +125,8 @@ class Records:
             record = attrs.evolve(record, units=units) if record else None
         else:
             units = record.units
-        look, whole = self.look(job, inputs, record.look if record else None, named(units))
+        reads = frozenset(named(units))
+        look, whole = self.look(job, inputs, record.look if record else None, reads)
         if not whole:
             inputs = attrs.evolve(inputs, identity=None)
         if record is None:  # every unit that read the project: what it read is not known
@@ -142,7 +139,7 @@ class Records:
                 with contextlib.suppress(FdlError):
                     write_atomically(path, attempt.to_json())
             self.force(job, found.forced)
-        return Check(found, look, inputs, record if found.fresh else None)
+        return Check(found, look, inputs, record if found.fresh else None, reads)
 
     def nearest(self, job: BuildJob) -> BuildRecord | None:
         """The newest record another command's good build left in ``job``'s target dir:
@@ -177,14 +174,17 @@ class Records:
                 shutil.rmtree(path, ignore_errors=True)
 
     def record(self, job: BuildJob, check: Check) -> BuildRecord | None:
-        """After a build that succeeded: its record, from the look taken
-        before cargo ran and what its units named after it (``None``: none written)."""
+        """After a build that succeeded: its record, from the look taken before cargo
+        ran and what its units named after it (``None``: none written). A second look
+        only when they name a file the first did not read by content."""
         binary = _entry(self.root / job.built_binary)
         if binary is None:
             return None
         units = unit_reads(self.root, job, check.inputs)
-        after, _ = self.look(job, check.inputs, check.look, named(units))
-        record = BuildRecord(check.inputs.identity, as_read(check.look, after), units, binary)
+        look, reads = check.look, named(units)
+        if not reads <= check.reads:  # a file first read now: looked at (as_read says how)
+            look = as_read(look, self.look(job, check.inputs, look, reads)[0])
+        record = BuildRecord(check.inputs.identity, look, units, binary)
         try:
             write_atomically(record_file(self.root, job), record.to_json())
         except FdlError:  # no record only costs the next build a rebuild
@@ -192,7 +192,11 @@ class Records:
         return record
 
     def look(
-        self, job: BuildJob, inputs: RecordInputs, previous: Snapshot | None, reads: set[str]
+        self,
+        job: BuildJob,
+        inputs: RecordInputs,
+        previous: Snapshot | None,
+        reads: AbstractSet[str],
     ) -> tuple[Snapshot, bool]:
         """The look at what ``job``'s build reads (``reads``: what its units named), and
         whether it saw all of it (else cargo must run)."""
@@ -214,7 +218,7 @@ class Records:
             return not under(path, variant)
 
         with self._one_look:
-            plan, whole = self.plan(job, inputs, root, reads)
+            plan, whole = look_plan(job, inputs, root, reads)
             mounted = [t for t in plan.recursive if t != root and t not in reads]
             read_trees = [t for t in plan.recursive if t in reads]
             clock = _clock_ns(self.root / job.target_dir)
@@ -228,30 +232,6 @@ class Records:
             found = self._sources[path] = self.scope.classify(path) is not None
         return found
 
-    def plan(
-        self, job: BuildJob, inputs: RecordInputs, root: str, reads: set[str]
-    ) -> tuple[WatchPlan, bool]:
-        """The trees walked and the directories listed; ``False`` when a mount cannot be
-        looked at whole (too big, missing): the build then always runs cargo."""
-        whole = True
-        trees = {root, libtorch_dir(root, job.build.arch)}
-        flat: set[str] = set()
-        for source in inputs.walked:
-            if os.path.isfile(source):
-                flat.add(posixpath.dirname(source))
-            elif _walkable(source):
-                trees.add(posixpath.normpath(source))
-            else:
-                whole = False
-        for home in inputs.rustup:
-            found = _rustup_dirs(home)
-            whole = whole and found is not None
-            flat |= found or set()
-        trees |= {p for p in reads if os.path.isdir(p)}  # cargo looks inside, at any depth
-        # Listed even inside a tree: a walk skips hidden and tool directories.
-        flat |= {posixpath.dirname(p) for p in reads if not os.path.isdir(p)}
-        return WatchPlan(tuple(sorted(trees)), tuple(sorted(flat - trees))), whole
-
 
 def _union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
     """The attempts' looks together: a file that differs from any of them is a change
@@ -260,26 +240,6 @@ def _union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
         return look
     entries = {**look.entries, **earlier.entries}
     return Snapshot(entries, earlier.dirs | look.dirs, look.trees, look.taken_ns)
-
-
-def _walkable(source: str) -> bool:
-    """A user mount to walk whole: it must exist and hold at most :data:`MOUNT_BUDGET`
-    files (a look costs a stat per file)."""
-    files = itertools.islice(walk_files(source, source), MOUNT_BUDGET + 1)
-    return os.path.isdir(source) and sum(1 for _ in files) <= MOUNT_BUDGET
-
-
-def _rustup_dirs(home: str) -> set[str] | None:
-    """What ``rustup`` rewrites when it installs or updates a Rust release: the home's
-    ``settings.toml``, ``update-hashes/<release>`` and each release's channel manifest
-    (``toolchains/<release>/lib/rustlib/``, rustup's own path); ``None`` when not found."""
-    releases = posixpath.join(home, "toolchains")
-    try:
-        with os.scandir(releases) as found:
-            rustlibs = {posixpath.join(e.path, "lib", "rustlib") for e in found if e.is_dir()}
-    except OSError:
-        return None
-    return {home, posixpath.join(home, "update-hashes"), releases, *rustlibs}
 
 
 def _entry(path: Path) -> Entry | None:

@@ -29,8 +29,9 @@ from fdl_tasks.build.build_record import (
     tree_digest,
     verdict,
 )
-from fdl_tasks.build.build_record_io import MOUNT_BUDGET, Records, record_file
+from fdl_tasks.build.build_record_io import Records, record_file
 from fdl_tasks.build.builder import JobResult
+from fdl_tasks.build.record_plan import MOUNT_BUDGET
 from fdl_tasks.cargo.cargo_outputs import dep_info_paths, rerun_paths
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.model import Controller, DockerSettings
@@ -377,6 +378,28 @@ def test_a_record_names_every_unit_and_what_it_read(tmp_path: Path) -> None:
         "release/.fingerprint/util-0002": (f"{tmp_path}/util/src/lib.rs",),
     }
     assert record.look.entries[f"{tmp_path}/util/src/lib.rs"].digest not in (None, UNKNOWN)
+
+
+def test_a_file_first_named_after_the_check_is_read_for_the_record(tmp_path: Path) -> None:
+    """A unit of this build names a file the look before cargo did not read (``.git/HEAD``:
+    the walk skips ``.git``): the record looks again and keeps it (its content unknown
+    here: its stat is too recent to trust, so the next build rebuilds what read it); what
+    the first look read stays as it was when the build started, whatever was saved since."""
+    job = project(tmp_path)
+    built(tmp_path, job)
+    main = tmp_path / "ddp-bench/src/main.rs"
+    main.write_text("fn main() { }\n")
+    keeper = records(tmp_path)
+    check = keeper.check(job)
+    head = f"{tmp_path}/.git/HEAD"
+    assert head not in check.reads and head not in check.look.entries
+    unit(tmp_path, job, "ddp-bench-0001", "ddp-bench/src/main.rs", ".git/HEAD")  # cargo ran
+    main.write_text("fn main() { g() }\n")  # saved while it ran
+    record = keeper.record(job, check)
+    assert record is not None
+    assert record.look.entries[head].digest == UNKNOWN
+    assert record.look.entries[str(main)] == check.look.entries[str(main)]
+    assert "release/.fingerprint/ddp-bench-0001" in records(tmp_path).check(job).verdict.forced
 
 
 def test_fresh_until_something_it_reads_changes(tmp_path: Path) -> None:
