@@ -41,9 +41,10 @@ def look_plan(
         found = _rustup_dirs(home)
         whole = whole and found is not None
         flat |= found or set()
-    trees |= {p for p in reads if os.path.isdir(p)}  # cargo looks inside, at any depth
+    named_dirs = {p for p in reads if os.path.isdir(p)}
+    trees |= named_dirs  # cargo looks inside, at any depth
     # Listed even inside a tree: a walk skips hidden and tool directories.
-    flat |= {posixpath.dirname(p) for p in reads if not os.path.isdir(p)}
+    flat |= {posixpath.dirname(p) for p in reads if p not in named_dirs}
     return WatchPlan(tuple(sorted(trees)), tuple(sorted(flat - trees))), whole
 
 
