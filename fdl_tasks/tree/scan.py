@@ -92,10 +92,14 @@ class _Look:
         )
 
     def listing(self, directory: str, recursive: bool) -> None:
-        """``directory``'s entries (and, ``recursive``, its tree's), links followed once."""
+        """``directory``'s entries (and, ``recursive``, its tree's), links followed once;
+        a directory this look listed already is not listed again (a named one inside a
+        walked tree: what it holds was seen, and what is below it was walked or pruned)."""
         stack, visited = [directory], set()
         while stack:
             current = stack.pop()
+            if current in self.dirs:
+                continue
             try:
                 with os.scandir(current) as found:
                     names = [e.name for e in found]

@@ -317,3 +317,22 @@ def test_a_renamed_package_is_seen_though_its_stat_kept_its_times(tmp_path: Path
     assert package_dirs(root)["bravo"] == [f"{root}/b"]
     (tmp_path / "b" / "Cargo.toml").write_text('[package]\nname = "brava"\n')
     assert package_dirs(root)["brava"] == [f"{root}/b"]
+
+
+def test_a_look_lists_each_directory_once(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree inside another and directories listed alone inside a walked tree are seen
+    once, as the walk saw them; a hidden one (the walk skips it) is listed alone."""
+    listed: list[str] = []
+    real = os.scandir
+
+    def counted(path: str) -> object:
+        listed.append(path)
+        return real(path)
+
+    s = tree_scope(tree)
+    root, src, git = str(tree), str(tree / "src"), str(tree / ".git")
+    whole = scan(WatchPlan((root,), (git,)), s, None, time.time_ns())
+    monkeypatch.setattr(os, "scandir", counted)
+    look = scan(WatchPlan((root, src), (src, root, git)), s, None, time.time_ns())
+    assert look.entries.keys() == whole.entries.keys() and f"{git}/y.rs" in look.entries
+    assert sorted(listed) == sorted(set(listed)) and set(listed) == set(look.dirs)
