@@ -49,11 +49,17 @@ def bare(argv: list[str], name: str, n: int) -> float:
     argv = list(argv)
     if "--name" in argv:
         argv[argv.index("--name") + 1] = f"{name}-{os.getpid()}-{n}"
+    return timed(argv, "bare build")
+
+
+def timed(argv: list[str], what: str) -> float:
+    """Wall seconds of ``argv`` run to its end; :class:`BenchError` (``what`` and its
+    stderr's tail) if it failed."""
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     seconds = time.monotonic() - started
     if done.returncode != 0:
-        raise BenchError(f"bare build exited {done.returncode}:\n{done.stderr[-3000:]}")
+        raise BenchError(f"{what} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return seconds
 
 

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import flodl_crate
-from bench.bare import bare, bare_command, bare_commands, bare_together
+from bench.bare import bare, bare_command, bare_commands, bare_together, timed
 from bench.loop import Row, Timed, inv, log, table, when_and_where
 from bench.run import BenchError
 from fdl_tasks.build.warm_containers import WARM_JOB_LABEL, WARM_LABEL
@@ -168,12 +168,7 @@ def least_client(setup: Setup) -> float:
     """Seconds of one :data:`LEAST_CLIENT` run against the rig's hosts."""
     key = setup.rig.rig.client_key
     argv = [sys.executable, "-c", LEAST_CLIENT, str(key), *(h.address for h in HOSTS)]
-    started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    seconds = time.monotonic() - started
-    if done.returncode != 0:
-        raise BenchError(f"the least client exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return seconds
+    return timed(argv, "the least client")
 
 
 def loop_rows(setup: Setup, reps: int) -> list[Row]:

@@ -48,40 +48,18 @@ class Entry:
         return max(self.mtime_ns, self.ctime_ns)
 
     def same_stat(self, other: Entry) -> bool:
-        return (
-            self.is_dir == other.is_dir
-            and self.size == other.size
-            and self.mtime_ns == other.mtime_ns
-            and self.ctime_ns == other.ctime_ns
-            and self.ino == other.ino
-            and self.dev == other.dev
-            and self.mode == other.mode
-        )
+        return self.stat() == other.stat()
+
+    def stat(self) -> tuple[bool, int, int, int, int, int, int]:
+        """Every field but the digest, in the order the constructor and JSON take them."""
+        return (self.is_dir, self.size, self.mtime_ns, self.ctime_ns, self.ino, self.dev, self.mode)
 
     def with_digest(self, digest: str | None) -> Entry:
         """This stat with ``digest`` (a look sets one per counted file: kept cheap)."""
-        return Entry(
-            self.is_dir,
-            self.size,
-            self.mtime_ns,
-            self.ctime_ns,
-            self.ino,
-            self.dev,
-            self.mode,
-            digest,
-        )
+        return Entry(*self.stat(), digest)
 
     def to_json(self) -> list[Any]:
-        return [
-            self.is_dir,
-            self.size,
-            self.mtime_ns,
-            self.ctime_ns,
-            self.ino,
-            self.dev,
-            self.mode,
-            self.digest,
-        ]
+        return [*self.stat(), self.digest]
 
     @classmethod
     def from_json(cls, data: Any) -> Entry:
