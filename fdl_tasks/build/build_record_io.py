@@ -115,7 +115,7 @@ class Records:
         if not self.skip:
             inputs = attrs.evolve(inputs, identity=None)
         path = record_file(self.root, job)
-        record = read_record(path)
+        record = on_disk = read_record(path)  # a fresh build keeps it as it is on disk
         identity = inputs.identity
         if record is None and not path.exists():  # this command's first build here
             record, identity = self.nearest(job), None
@@ -139,7 +139,7 @@ class Records:
                 with contextlib.suppress(FdlError):
                     write_atomically(path, attempt.to_json())
             self.force(job, found.forced)
-        return Check(found, look, inputs, record if found.fresh else None, reads)
+        return Check(found, look, inputs, on_disk if found.fresh else None, reads)
 
     def nearest(self, job: BuildJob) -> BuildRecord | None:
         """The newest record another command's good build left in ``job``'s target dir:
