@@ -9,34 +9,22 @@ failure or a stop that left a build container or process it could not remove exi
 a host's ssh login misconfigured exit code 4, no host verified exit code 5.
 
 What a command-line program needs beyond that is installed only when there is
-one: SIGTERM as Ctrl-C while a task runs (:func:`user_errors`), the hook for
-Invoke's configuration files and a quicker exit when Invoke's loader imports the tasks
-(:func:`hook_command_line`). Importing fdl-tasks into a program changes nothing.
+one: SIGTERM as Ctrl-C while a task runs (:func:`user_errors`); what the ``inv``
+process needs around the tasks is :mod:`fdl_tasks.inv_process`'s.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
-import gc
 import inspect
-import sys
-import traceback
 from collections.abc import Callable
-from pathlib import Path
-from types import TracebackType
 from typing import Any, TypedDict, TypeVar
 
-import yaml
-from invoke.config import AmbiguousMergeError, Config
 from invoke.context import Context
 from invoke.exceptions import Exit, ParseError
-from invoke.loader import Loader
 from invoke.parser.argument import Argument
 from invoke.tasks import Task, task
-from invoke.vendor import yaml as invoke_yaml
 
-from fdl_tasks.config.config_errors import merge_problem, not_a_mapping, value_at, yaml_problem
 from fdl_tasks.config.names import check_command
 from fdl_tasks.core.errors import (
     FdlError,
@@ -203,73 +191,3 @@ def require_command(cmd: str | None) -> str:
     if not cmd:
         raise FdlError("--cmd is required: the command (cargo --bin name) to build or run")
     return check_command(cmd)
-
-
-def config_file_problem(exc: BaseException, tb: TracebackType | None) -> str | None:
-    """Invoke's reading of a configuration file failed (``invoke.yaml``, ``-f``'s): the
-    problem as one paragraph, from the exception and the frames it passed through
-    (``None``: not raised while Invoke's :class:`Config` read or merged a file)."""
-    frames = [frame for frame, _ in traceback.walk_tb(tb)]
-    in_config = [f for f in frames if isinstance(f.f_locals.get("self"), Config)]
-    if not in_config:
-        return None
-    if isinstance(exc, yaml.YAMLError | invoke_yaml.YAMLError):  # Invoke reads with its own
-        return yaml_problem(exc, "Invoke's configuration file")
-    merging = [f for f in in_config if f.f_code.co_name == "_merge_file"]
-    keys = [
-        str(f.f_locals["key"])
-        for f in frames
-        if f.f_code.co_name == "merge_dicts" and "key" in f.f_locals
-    ]
-    config = merging[-1].f_locals["self"] if merging else None
-    source = str(merging[-1].f_locals.get("name")) if merging else ""
-    path = getattr(config, f"_{source}_path", None)
-    data = getattr(config, f"_{source}", None)
-    if isinstance(exc, AttributeError | TypeError) and path and not keys:
-        return not_a_mapping(path, data)  # the whole file a string or a list
-    if not isinstance(exc, AmbiguousMergeError):
-        return None
-    if not path:
-        return f"Invoke's configuration cannot be merged: {exc}"
-    found, value = value_at(data, keys)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError:
-        text = ""
-    return merge_problem(path, text, keys, value if found else None)
-
-
-def loaded_by_invoke() -> bool:
-    """Whether Invoke's task loader is importing this (``inv`` starting, or another Invoke
-    program loading a tasks file), not a program that imports fdl-tasks itself."""
-    frames = traceback.walk_stack(sys._getframe(1))
-    return any(isinstance(frame.f_locals.get("self"), Loader) for frame, _ in frames)
-
-
-def hook_command_line() -> None:
-    """What ``inv`` needs around its tasks, set for the whole process, so only when
-    Invoke's loader imports the tasks: the one moment a command line is starting and no
-    task can catch what follows.
-
-    - Invoke reads its configuration files after importing the tasks, outside any task:
-      a broken one would end ``inv`` in Invoke's traceback. Said as one paragraph, exit
-      1; every other exception goes to the hook there was.
-    - The interpreter's teardown collects garbage over every object the imports made:
-      0.1 s of a 0.7 s no-op prebuild (measured, docs/numbers.md). Frozen at exit
-      (:func:`gc.freeze` as an exit handler), they are skipped: a process that is ending
-      gains nothing from the collection (the standard streams are flushed as before, and
-      every file the tasks write is closed by then).
-    """
-    if not loaded_by_invoke():
-        return
-    atexit.register(gc.freeze)
-    previous = sys.excepthook
-
-    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        problem = config_file_problem(exc, tb)
-        if problem is None:
-            previous(kind, exc, tb)
-            return
-        print(f"fdl: {problem}", file=sys.stderr)
-
-    sys.excepthook = hook

@@ -16,10 +16,11 @@ from invoke.context import Context
 import fdl_tasks.publish.pipeline as pipeline
 from fdl_tasks.api import crate_of, recorded_prebuild, start_build
 from fdl_tasks.build.clean import clean_target_tree, stale_warning
-from fdl_tasks.cli import ClusterChoice, fdl_task, hook_command_line, off, require_command
+from fdl_tasks.cli import ClusterChoice, fdl_task, off, require_command
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.settings import namespace_defaults
 from fdl_tasks.core.errors import FdlError
+from fdl_tasks.inv_process import hook_command_line
 from fdl_tasks.launch import launch as launch_on_workers
 from fdl_tasks.publish.envelope import encode, hand_over
 from fdl_tasks.publish.libtorch_push_io import push_libtorch as push_libtorch_to

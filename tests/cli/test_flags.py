@@ -6,14 +6,16 @@ usage errors through the real ``inv`` entry point.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 from invoke.parser.argument import Argument
 
 from fdl_tasks import ns
-from rig.harness import run_inv
+from rig.harness import inv_argv, isolated_env, run_inv
 
 TASKS = ("preflight", "build-host", "prebuild", "launch", "clean", "push-libtorch")
 
@@ -116,6 +118,37 @@ def test_help_on_every_task(root: Path, task: str, flag: str) -> None:
         if short is not None:
             shown = rf"-{short}( [A-Z]+)?, --{re.escape(name)}\b"
             assert re.search(shown, done.stdout), (short, name, done.stdout)
+
+
+@pytest.mark.parametrize(
+    ("args", "unbuffered"),
+    [
+        (("prebuild", "--help"), "1"),  # found gone by the print itself: the hook
+        (("--list",), ""),  # found gone by the last flush of a buffered stdout: the exit handler
+    ],
+)
+def test_output_to_a_reader_that_left_ends_quietly(
+    root: Path, args: tuple[str, ...], unbuffered: str
+) -> None:
+    """``inv prebuild --help | head -1`` once head has read its line: exit 1, nothing on
+    stderr (no traceback, no "Exception ignored"). The pipe's read end is closed before
+    ``inv`` starts, so the first write to stdout finds its reader gone, every run."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            inv_argv(*args),
+            cwd=root,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=isolated_env({"PYTHONUNBUFFERED": unbuffered}),
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.stderr, done.returncode) == ("", 1)
 
 
 def test_help_lists_the_expected_options(root: Path) -> None:

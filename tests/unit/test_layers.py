@@ -26,7 +26,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("preflight",),
     ("publish",),
     ("watch",),
-    ("api", "cli", "launch", "tasks", "__init__"),
+    ("api", "cli", "inv_process", "launch", "tasks", "__init__"),
 )
 LEVEL = {name: i for i, names in enumerate(LEVELS) for name in names}
 
