@@ -29,7 +29,8 @@ B alternating within a repetition (medians):
   cycle's builds (first start to last end, from its ``--timings`` page), the
   tool's own share (target <= 0.25 s), beside the builds;
 - W3f the least a no-op can cost with Invoke and Fabric: a Python process that
-  imports them, logs into the 3 hosts at once, makes two round trips on each
+  imports them, logs into the 3 hosts at once (Nagle's algorithm off, as the
+  tool's logins have it), makes two round trips on each
   (preflight's and verification's) and exits, vs the bare no-op build;
 - W0 and W2w, the floor: after the same edit, one ``docker exec`` of the bare
   build's cargo in a warm container of the copy, and the 3 variants' at once,
@@ -148,13 +149,17 @@ def floor_rows(setup: Setup, reps: int) -> list[Row]:
 #: The least a no-op prebuild can be, as a program: Python with Invoke and Fabric, every
 #: host's login at once, then two round trips each (preflight's, verification's), exit.
 LEAST_CLIENT = """
-import sys, threading
-import fabric, invoke
+import socket, sys, threading
+import fabric, invoke, paramiko
 hosts = sys.argv[2:]
+def prompt(sock, **options):  # TCP_NODELAY, as the Fleet's logins have it
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return paramiko.Transport(sock, **options)
 def ask(host):
     c = fabric.Connection(host, user="root", port=2222, connect_kwargs={
-        "key_filename": sys.argv[1], "look_for_keys": False, "allow_agent": False})
-    c.client.set_missing_host_key_policy(__import__("paramiko").AutoAddPolicy())
+        "key_filename": sys.argv[1], "look_for_keys": False, "allow_agent": False,
+        "transport_factory": prompt})
+    c.client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     for _ in range(2):
         c.run("true", hide=True, in_stream=False)
     c.close()

@@ -31,7 +31,7 @@ from fdl_tasks.ssh.login_facts import Identity, greet, load_identity, login_of, 
 from fdl_tasks.ssh.outcomes import Failure, Outcome, Reply
 from fdl_tasks.ssh.ssh_failures import describe_failure, key_file_failure, wants_greeting
 from fdl_tasks.ssh.sshconfig import connect_budget, host_key_options, read_config, ssh_config_block
-from fdl_tasks.ssh.transports import FleetRemote, hang_up, settle
+from fdl_tasks.ssh.transports import FleetRemote, hang_up, prompt_transport, settle
 
 
 class _Hop(NamedTuple):
@@ -137,6 +137,7 @@ class Fleet:
                 "banner_timeout": budget,
                 "auth_timeout": budget,
                 "channel_timeout": channel,
+                "transport_factory": prompt_transport,
             }
             options = host_key_options(
                 worker.host,

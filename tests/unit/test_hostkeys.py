@@ -34,6 +34,7 @@ from fdl_tasks.ssh.known_hosts_io import (
 )
 from fdl_tasks.ssh.remote import Fleet
 from fdl_tasks.ssh.sshconfig import host_key_options, ssh_config_block
+from fdl_tasks.ssh.transports import prompt_transport
 
 NAME = "[node-a]:2222"  # how known_hosts names host node-a at port 2222
 
@@ -449,6 +450,7 @@ def test_the_fleet_gives_each_host_its_policy_and_budget_and_parses_each_file_on
         assert fleet.connections["a"].connect_timeout == 3
         assert fleet.connections["a"].connect_kwargs["banner_timeout"] == 3
         assert fleet.connections["c"].connect_kwargs["auth_timeout"] == 7
+        assert fleet.connections["c"].connect_kwargs["transport_factory"] is prompt_transport
         jump = fleet.connections["d"].gateway
         assert jump.host == "c" and jump.connect_timeout == 7
         assert jump.client._policy.strict == "accept-new"
@@ -462,3 +464,20 @@ def test_the_fleet_gives_each_host_its_policy_and_budget_and_parses_each_file_on
         "is accepted unverified and remembered, but a changed one is still refused (it may "
         "be a man in the middle)",
     ]
+
+
+def test_a_login_over_tcp_has_nagles_algorithm_off() -> None:
+    """paramiko leaves Nagle's algorithm on, so each login and command waits on the
+    host's delayed acknowledgement (40 ms a time on the rig); the Fleet's transports
+    turn it off on a TCP socket and leave anything else (a jump host's channel) as is."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        sock = socket.create_connection(listener.getsockname())
+        peer, _ = listener.accept()
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        transport = prompt_transport(sock)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        transport.close()
+        peer.close()
+    ours, theirs = socket.socketpair()  # no TCP: no option to set, and no error
+    prompt_transport(ours).close()
+    theirs.close()
