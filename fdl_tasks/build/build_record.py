@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from fdl_tasks.tree.scope import under
 from fdl_tasks.tree.snapshot import Entry, Snapshot, diff, racy
 
 #: Bumped when what a record holds changes: a record of another version is no record.
-VERSION = 4
+VERSION = 5
 
 #: The run id in a record's build line: the same for every run.
 RECORD_RUN_ID = "record"
@@ -84,33 +85,14 @@ def read_by_units(look: Snapshot, reads: set[str]) -> set[str]:
     return {p for p in look.entries if p in reads or any(under(p, t) for t in trees)}
 
 
-def _look_json(look: Snapshot) -> dict[str, Any]:
-    return {
-        "taken_ns": look.taken_ns,
-        "trees": list(look.trees),
-        "dirs": sorted(look.dirs),
-        "entries": {path: e.to_json() for path, e in sorted(look.entries.items())},
-    }
-
-
-def _look_from(data: Any) -> Snapshot:
-    """:class:`ValueError` when ``data`` is not what :func:`_look_json` wrote."""
-    taken, trees, dirs, entries = data["taken_ns"], data["trees"], data["dirs"], data["entries"]
-    if not isinstance(taken, int) or not (isinstance(trees, list) and isinstance(dirs, list)):
-        raise ValueError("look")
-    if not all(isinstance(p, str) for p in [*trees, *dirs]) or not isinstance(entries, dict):
-        raise ValueError("look")
-    found = {str(path): Entry.from_json(e) for path, e in entries.items()}
-    return Snapshot(found, frozenset(dirs), tuple(trees), taken)
-
-
 @attrs.frozen
 class BuildRecord:
     """What one good build read (``look``, ``units``) and the binary it left.
 
     ``attempt``: the look of a later build that started and did not end well (failed,
     stopped, killed): its units may hold what that build compiled, so a file that
-    differs from either look is a change.
+    differs from either look is a change. It has a file of its own, which names the
+    record's ``serial`` (:mod:`fdl_tasks.build.record_attempt`).
     """
 
     identity: str | None
@@ -118,16 +100,17 @@ class BuildRecord:
     units: Mapping[str, tuple[str, ...]]
     binary: Entry
     attempt: Snapshot | None = None
+    serial: str = attrs.field(factory=lambda: secrets.token_hex(8), eq=False)
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "version": VERSION,
                 "identity": self.identity,
-                "look": _look_json(self.look),
+                "look": self.look.to_json(),
                 "units": {unit: list(paths) for unit, paths in sorted(self.units.items())},
                 "binary": self.binary.to_json(),
-                "attempt": _look_json(self.attempt) if self.attempt else None,
+                "serial": self.serial,
             }
         )
 
@@ -139,21 +122,22 @@ class BuildRecord:
             data: Any = json.loads(text)
             if not isinstance(data, dict) or data.get("version") != VERSION:
                 return None
-            identity, units = data["identity"], data["units"]
+            identity, units, serial = data["identity"], data["units"], data["serial"]
             if not (identity is None or isinstance(identity, str)) or not isinstance(units, dict):
+                return None
+            if not isinstance(serial, str):
                 return None
             if not all(
                 isinstance(paths, list) and all(isinstance(p, str) for p in paths)
                 for paths in units.values()
             ):
                 return None
-            attempt = _look_from(data["attempt"]) if data["attempt"] is not None else None
             return cls(
                 identity,
-                _look_from(data["look"]),
+                Snapshot.from_json(data["look"]),
                 {u: tuple(p) for u, p in units.items()},
                 Entry.from_json(data["binary"]),
-                attempt,
+                serial=serial,
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             return None

@@ -39,6 +39,7 @@ from fdl_tasks.build.build_record import (
     reused_digest,
     verdict,
 )
+from fdl_tasks.build.record_attempt import attempt_from, attempt_json
 from fdl_tasks.build.record_plan import look_plan
 from fdl_tasks.build.unit_reads import unit_reads
 from fdl_tasks.config.layout import MARKER_FILE
@@ -49,8 +50,8 @@ from fdl_tasks.tree.scan import entry_of, scan
 from fdl_tasks.tree.scope import Scope, under
 from fdl_tasks.tree.snapshot import Entry, Snapshot
 
-#: A record's file name in its target dir, of a command.
-RECORD_NAME = ".fdl-record-{}.json"
+#: A record's file name in its target dir, of a command; its attempt's beside it.
+RECORD_NAME, ATTEMPT_NAME = ".fdl-record-{}.json", ".fdl-attempt-{}.json"
 
 
 def record_file(root: Path, job: BuildJob) -> Path:
@@ -58,11 +59,28 @@ def record_file(root: Path, job: BuildJob) -> Path:
     return root / job.target_dir / RECORD_NAME.format(job.build.command)
 
 
+def attempt_file(record: Path) -> Path:
+    """The attempt of the record at ``record``: the look of a build since that did not
+    end well (:attr:`BuildRecord.attempt`)."""
+    prefix, suffix = RECORD_NAME.split("{}")
+    return record.with_name(ATTEMPT_NAME.format(record.name[len(prefix) : -len(suffix)]))
+
+
 def read_record(path: Path) -> BuildRecord | None:
+    """The record at ``path`` with its attempt, if any; ``None`` for no record it can trust
+    (none, torn, of another version, not UTF-8, its attempt unreadable)."""
     try:
-        return BuildRecord.from_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # not UTF-8 either: no record
+        record = BuildRecord.from_json(path.read_text(encoding="utf-8"))
+        if record is None:
+            return None
+        try:
+            text = attempt_file(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return record
+        attempt = attempt_from(text, record)
+    except (OSError, ValueError):
         return None
+    return attrs.evolve(record, attempt=attempt) if attempt else record
 
 
 @attrs.frozen
@@ -135,9 +153,9 @@ class Records:
             found = verdict(record, identity, look, _entry(self.root / job.built_binary))
         if not found.fresh:
             if record is not None and path.exists():  # until this build ends well
-                attempt = attrs.evolve(record, attempt=_union(record.attempt, look))
+                attempt = attempt_json(record, _union(record.attempt, look))
                 with contextlib.suppress(FdlError):
-                    write_atomically(path, attempt.to_json())
+                    write_atomically(attempt_file(path), attempt)
             self.force(job, found.forced)
         return Check(found, look, inputs, on_disk if found.fresh else None, reads)
 
@@ -185,10 +203,13 @@ class Records:
         if not reads <= check.reads:  # a file first read now: looked at (as_read says how)
             look = as_read(look, self.look(job, check.inputs, look, reads)[0])
         record = BuildRecord(check.inputs.identity, look, units, binary)
+        path = record_file(self.root, job)
         try:
-            write_atomically(record_file(self.root, job), record.to_json())
+            write_atomically(path, record.to_json())
         except FdlError:  # no record only costs the next build a rebuild
             return None
+        with contextlib.suppress(OSError):  # one left is of the record replaced: not read
+            attempt_file(path).unlink(missing_ok=True)
         return record
 
     def look(

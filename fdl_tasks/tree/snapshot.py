@@ -93,6 +93,31 @@ class Snapshot:
             under(path, t) and path != t for t in self.trees
         )
 
+    def to_json(self, changed_from: Snapshot | None = None) -> dict[str, Any]:
+        """``changed_from``: only the entries that differ from that look's."""
+        before = changed_from.entries if changed_from else {}
+        return {
+            "taken_ns": self.taken_ns,
+            "trees": list(self.trees),
+            "dirs": sorted(self.dirs),
+            "entries": {
+                path: e.to_json()
+                for path, e in sorted(self.entries.items())
+                if before.get(path) != e
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Snapshot:
+        """:class:`ValueError` when ``data`` is not what :meth:`to_json` wrote."""
+        taken, trees, dirs, entries = data["taken_ns"], data["trees"], data["dirs"], data["entries"]
+        if not isinstance(taken, int) or not (isinstance(trees, list) and isinstance(dirs, list)):
+            raise ValueError("look")
+        if not all(isinstance(p, str) for p in [*trees, *dirs]) or not isinstance(entries, dict):
+            raise ValueError("look")
+        found = {str(path): Entry.from_json(e) for path, e in entries.items()}
+        return cls(found, frozenset(dirs), tuple(trees), taken)
+
 
 def racy(entry: Entry, now_ns: int) -> bool:
     """A stat too close to the file's last change to prove a later save would move it."""

@@ -29,8 +29,9 @@ from fdl_tasks.build.build_record import (
     tree_digest,
     verdict,
 )
-from fdl_tasks.build.build_record_io import Records, record_file
+from fdl_tasks.build.build_record_io import Records, attempt_file, record_file
 from fdl_tasks.build.builder import JobResult
+from fdl_tasks.build.record_attempt import attempt_from, attempt_json
 from fdl_tasks.build.record_plan import MOUNT_BUDGET
 from fdl_tasks.cargo.cargo_outputs import dep_info_paths, rerun_paths
 from fdl_tasks.config.layout import MARKER_FILE
@@ -161,6 +162,25 @@ def test_a_record_reads_back_and_anything_else_is_no_record() -> None:
         text.replace('"units": {', '"units": {"x": 3, '),
     ):
         assert BuildRecord.from_json(bad) is None
+
+
+def test_an_attempt_is_written_as_what_differs_from_its_record_and_read_back_whole() -> None:
+    """An attempt's file holds only what differs from the record's look (a changed file,
+    a new one, one gone): read over that record, it is the attempt's look exactly; over
+    another record it is no attempt (a good build replaced that record since)."""
+    new_file = "/p/src/new.rs"
+    attempt = look({MAIN: entry(size=121, digest="bbb"), new_file: entry(ino=9)}, T + 20 * S)
+    text = attempt_json(RECORD, attempt)
+    assert set(json.loads(text)["entries"]) == {MAIN, new_file}
+    assert json.loads(text)["gone"] == [LIB]
+    assert attempt_from(text, RECORD) == attempt
+    same = look(FILES, T + 30 * S)  # an attempt of a build that changed nothing it reads
+    assert json.loads(attempt_json(RECORD, same))["entries"] == {}
+    assert attempt_from(attempt_json(RECORD, same), RECORD) == same
+    assert attempt_from(text, attrs.evolve(RECORD, serial="another")) is None
+    for bad in ("", "[]", "{}", text.replace(f'"version": {VERSION}', '"version": 4'), text[:-9]):
+        with pytest.raises(ValueError):
+            attempt_from(bad, RECORD)
 
 
 def test_the_tree_digest_follows_the_content_read() -> None:
@@ -728,6 +748,30 @@ def test_a_build_that_did_not_end_well_is_compared_with_too(tmp_path: Path) -> N
     assert check.verdict == Freshness(False, ("release/.fingerprint/util-0002",), (str(lib),))
     built(tmp_path, job)  # a build that ends well
     assert records(tmp_path).check(job).verdict.fresh
+
+
+def test_an_attempt_leaves_the_record_as_it_is_and_goes_with_the_next_good_build(
+    tmp_path: Path,
+) -> None:
+    """The check of a build that must run writes its look beside the record, not into it
+    (the record's bytes stay); a good build removes it; one left over a record replaced
+    since is not read; one that cannot be read leaves no record to trust."""
+    job = project(tmp_path)
+    built(tmp_path, job)
+    path = record_file(tmp_path, job)
+    kept = path.read_bytes()
+    (tmp_path / "util/src/lib.rs").write_text("pub fn g() {}\n")
+    records(tmp_path).check(job)
+    assert path.read_bytes() == kept and attempt_file(path).is_file()
+    left = attempt_file(path).read_bytes()
+    unit(tmp_path, job, "util-0002", "util/src/lib.rs")  # cargo compiled it
+    built(tmp_path, job)
+    assert not attempt_file(path).exists()
+    attempt_file(path).write_bytes(left)  # of the record before: that build compared with it
+    assert records(tmp_path).check(job).verdict.fresh
+    attempt_file(path).write_text("{")
+    check = records(tmp_path).check(job)
+    assert not check.verdict.fresh and len(check.verdict.forced) == 2
 
 
 # ---------------------------------------------------------------------------- compose services
