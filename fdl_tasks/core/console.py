@@ -13,13 +13,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 import attrs
-from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
-from rich.table import Column
-from rich.text import Text
+
+if TYPE_CHECKING:  # rich is imported only for a live region (a terminal): 20 ms otherwise
+    from rich.progress import Progress, TaskID
 
 
 class TextSink(Protocol):
@@ -51,16 +50,6 @@ class _Row:
     task: TaskID | None = None
     done: int = 0
     total: int | None = None
-
-
-class _Count(ProgressColumn):
-    def render(self, task: Task) -> Text:
-        return Text(f"{task.completed:.0f}/{task.total:.0f}" if task.total else "")
-
-
-class _Clock(ProgressColumn):
-    def render(self, task: Task) -> Text:
-        return Text(clock(task.elapsed or 0.0, task.fields.get("expected")))
 
 
 class StatusBoard:
@@ -126,21 +115,9 @@ class StatusBoard:
 
     def __enter__(self) -> StatusBoard:
         if self.live:
-            console = Console(file=self.stream, force_terminal=True, highlight=False)
-            self._progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(bar_width=24),
-                _Count(),
-                _Clock(),
-                TextColumn(
-                    "{task.fields[current]}",
-                    table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
-                ),
-                console=console,
-                transient=True,
-                refresh_per_second=4,
-                redirect_stdout=False,  # stdout is for --json, never the terminal's region
-            )
+            from fdl_tasks.core.live_region import live_progress
+
+            self._progress = live_progress(self.stream)
             self._progress.start()
         else:
             self._ticker = threading.Thread(target=self._tick, daemon=True)
