@@ -36,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from fdl_tasks.core.binary_files import BinaryFacts
 from fdl_tasks.core.console import listed
 from fdl_tasks.tree.scope import under
 from fdl_tasks.tree.snapshot import Entry, Snapshot, diff, racy
@@ -101,6 +102,8 @@ class BuildRecord:
     binary: Entry
     attempt: Snapshot | None = None
     serial: str = attrs.field(factory=lambda: secrets.token_hex(8), eq=False)
+    #: The binary's digest and glibc need, read as the record was made (``None``: unread).
+    built: BinaryFacts | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -111,6 +114,7 @@ class BuildRecord:
                 "units": {unit: list(paths) for unit, paths in sorted(self.units.items())},
                 "binary": self.binary.to_json(),
                 "serial": self.serial,
+                "built": self.built.to_json() if self.built else None,
             }
         )
 
@@ -138,6 +142,7 @@ class BuildRecord:
                 {u: tuple(p) for u, p in units.items()},
                 Entry.from_json(data["binary"]),
                 serial=serial,
+                built=BinaryFacts.from_json(data["built"]) if data["built"] else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             return None

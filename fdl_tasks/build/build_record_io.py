@@ -45,6 +45,7 @@ from fdl_tasks.build.unit_reads import unit_reads
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import write_atomically
+from fdl_tasks.core.binary_files import binary_facts
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.tree.scan import entry_of, scan
 from fdl_tasks.tree.scope import Scope, under
@@ -202,7 +203,10 @@ class Records:
         look, reads = check.look, named(units)
         if not reads <= check.reads:  # a file first read now: looked at (as_read says how)
             look = as_read(look, self.look(job, check.inputs, look, reads)[0])
-        record = BuildRecord(check.inputs.identity, look, units, binary)
+        facts = None
+        with contextlib.suppress(FdlError, OSError):  # verification reads it again, and says why
+            facts = binary_facts(self.root / job.built_binary)
+        record = BuildRecord(check.inputs.identity, look, units, binary, built=facts)
         path = record_file(self.root, job)
         try:
             write_atomically(path, record.to_json())

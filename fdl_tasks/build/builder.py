@@ -34,7 +34,7 @@ from fdl_tasks.cargo.manifests import changed_since
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import copy_atomically, log_tail
-from fdl_tasks.core.binary_files import file_sha256
+from fdl_tasks.core.binary_files import BinaryFacts, file_sha256
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
 
 #: What the board says of a build whose record shows nothing changed.
@@ -57,6 +57,8 @@ class JobResult:
     #: The digest of the tree the binary was built from, as its build record says
     #: (:func:`~fdl_tasks.build.build_record.tree_digest`; empty without a record).
     tree: str = ""
+    #: The binary's digest and glibc need, as its record has them (``None``: not read yet).
+    facts: BinaryFacts | None = None
     #: When the build started (``time.monotonic``): ``--timings`` draws it.
     started: float = 0.0
 
@@ -248,6 +250,7 @@ class Builder:
             destination = self.root / job.host_binary(host)
             if destination != built:
                 copy_atomically(built, destination)
+        facts = record.built if record else None  # a fresh record's binary has its stat
         return JobResult(
             job=job,
             ok=True,
@@ -255,8 +258,9 @@ class Builder:
             detail=UNCHANGED if skipped else "",
             cache=read_stats(self.root / job.target_dir) if self.cache and not skipped else None,
             rebuilt=rebuilt,
-            sha256=file_sha256(built),
+            sha256=facts.sha256 if facts else file_sha256(built),
             tree=tree_digest(record) if record else "",
+            facts=facts,
         )
 
     def _expire(self, job: BuildJob, process: int, expired: threading.Event) -> None:

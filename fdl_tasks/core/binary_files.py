@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from typing import Any
+
+import attrs
 
 from fdl_tasks.core.errors import FdlError
 
@@ -42,6 +45,39 @@ def required_glibc(binary: Path) -> tuple[int, int] | None:
     except (OSError, ELFError) as exc:
         raise FdlError(f"cannot read the ELF file {binary}: {exc}") from None
     return max(versions, default=None)
+
+
+@attrs.frozen
+class BinaryFacts:
+    """What verification compares each host's copy with: the built binary's sha256 and the
+    newest glibc it needs (``None``: none). A build record keeps them, so that a run that
+    finds the binary unchanged reads it no more."""
+
+    sha256: str
+    glibc: tuple[int, int] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "glibc": list(self.glibc) if self.glibc else None}
+
+    @classmethod
+    def from_json(cls, data: Any) -> BinaryFacts:
+        """:class:`ValueError` when ``data`` is not what :meth:`to_json` wrote."""
+        try:
+            sha256, glibc = data["sha256"], data["glibc"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError("binary facts") from exc
+        if not isinstance(sha256, str) or not (glibc is None or _version(glibc)):
+            raise ValueError("binary facts")
+        return cls(sha256, (glibc[0], glibc[1]) if glibc else None)
+
+
+def _version(data: Any) -> bool:
+    return isinstance(data, list) and len(data) == 2 and all(type(n) is int for n in data)
+
+
+def binary_facts(binary: Path) -> BinaryFacts:
+    """:class:`FdlError` when the file cannot be read as ELF; :class:`OSError` when at all."""
+    return BinaryFacts(file_sha256(binary), required_glibc(binary))
 
 
 #: ELF ``e_machine`` values and the ``uname -m`` names of their CPU architectures.

@@ -224,7 +224,10 @@ def build_and_publish(
             results = run_builds(run, backend, jobs)
         built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
         copy_step(run, fleet, envelopes, built)  # copy hosts: upload what is missing
-        verification = verify_hosts(run, fleet, envelopes, built) if run.settings.verify else None
+        known = {run.root / r.job.built_binary: r.facts for r in results if r.facts}
+        verification = (
+            verify_hosts(run, fleet, envelopes, built, known) if run.settings.verify else None
+        )
         merged = kept | envelopes
         with step(run, "publish", command):
             text = envelope.publish(run.root, command, merged)

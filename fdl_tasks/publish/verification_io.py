@@ -4,7 +4,7 @@ what a run's verification comes to (:mod:`fdl_tasks.preflight.login_verdicts`)."
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,7 +13,7 @@ import attrs
 from fdl_tasks.config.names import join_path
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.settings import Settings
-from fdl_tasks.core.binary_files import file_sha256, required_glibc
+from fdl_tasks.core.binary_files import BinaryFacts, binary_facts
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.preflight.login_verdicts import (
     check_verified,
@@ -63,26 +63,29 @@ def verify_copies(
     built: Mapping[str, Path],
     settings: Settings,
     report: Callable[[str], None],
+    known: Mapping[Path, BinaryFacts] | None = None,
 ) -> Verification:
     """Ask every host about its copy; unreachable hosts are counted as not verified.
 
-    ``built[host]`` is the binary cargo produced for that host's build: each
+    ``built[host]`` is the binary cargo produced for that host's build: its
+    digest and glibc need come from ``known`` (its build record's), else each
     distinct build is hashed and parsed once, however many hosts share it,
-    and every host's own copy must match it. That reading (pyelftools' import
-    and parse, ~70 ms here) runs beside the first round trip, which waits on
-    the hosts anyway.
+    beside the first round trip, which waits on the hosts anyway (pyelftools'
+    import and parse, ~70 ms here). Every host's own copy must match it.
     """
     scripts = {h: verification_script(fleet.workers[h].path, e) for h, e in envelopes.items()}
     copies: dict[str, RemoteCopy] = {}
     unverified: dict[str, str] = {}
     refused: dict[str, Failure] = {}
     pending = set(envelopes)
+    facts = dict(known or {})
     with ThreadPoolExecutor(1) as side:
-        reading = side.submit(_read_binaries, set(built.values()))
+        unread = set(built.values()) - facts.keys()
+        reading = side.submit(lambda: {source: binary_facts(source) for source in unread})
         outcomes = fleet.run({h: scripts[h] for h in sorted(pending)}, settings.probe_timeout)
-        digests, needs = reading.result()
-    expected = {h: digests[built[h]] for h in envelopes}
-    needed = {h: needs[built[h]] for h in envelopes}
+        facts |= reading.result()
+    expected = {h: facts[built[h]].sha256 for h in envelopes}
+    needed = {h: facts[built[h]].glibc for h in envelopes}
     for attempt in range(settings.verify_retries + 1):
         if attempt:
             time.sleep(settings.verify_retry_delay)
@@ -118,12 +121,16 @@ def verify_copies(
 
 
 def verify_hosts(
-    run: Run, fleet: Fleet, envelopes: dict[str, PerHostEnvelope], built: dict[str, Path]
+    run: Run,
+    fleet: Fleet,
+    envelopes: dict[str, PerHostEnvelope],
+    built: dict[str, Path],
+    known: Mapping[Path, BinaryFacts] | None = None,
 ) -> Verification:
     """Every reachable host must run its binary; a refused login is an error; a host
     down is a warning, unless no host was reached or ``fdl.require_verified`` is all."""
     with round_trips(run, fleet, "verify"):
-        verification = verify_copies(fleet, envelopes, built, run.settings, run.report)
+        verification = verify_copies(fleet, envelopes, built, run.settings, run.report, known)
     if verification.refused:
         raise login_error(verification.refused, "delivery verification")
     if verification.problems:
@@ -153,13 +160,3 @@ def require_one_reached(run: Run, verdicts: Sequence[HostVerdict]) -> None:
     if run.settings.verify and nothing_reached(verdicts, [w.host for w in run.remotes]):
         failed = {v.host: v.warnings[0] if v.warnings else "" for v in verdicts if v.failure}
         check_verified(0, failed, run.settings.require_verified, published=False)
-
-
-def _read_binaries(
-    sources: Collection[Path],
-) -> tuple[dict[Path, str], dict[Path, tuple[int, int] | None]]:
-    """Each built binary's sha256 and the highest glibc it needs."""
-    return (
-        {source: file_sha256(source) for source in sources},
-        {source: required_glibc(source) for source in sources},
-    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from fdl_tasks.build.record_plan import MOUNT_BUDGET
 from fdl_tasks.cargo.cargo_outputs import dep_info_paths, rerun_paths
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.model import Controller, DockerSettings
+from fdl_tasks.core.binary_files import BinaryFacts, binary_facts
 from fdl_tasks.publish.freshness import read_sources, sources_json, stale_binary, write_sources
 from fdl_tasks.tree.snapshot import RACY_NS, Entry, Snapshot
 
@@ -150,8 +152,17 @@ def test_what_the_build_read_is_the_start_unless_the_stat_proves_it_unchanged() 
 
 
 def test_a_record_reads_back_and_anything_else_is_no_record() -> None:
-    for record in (RECORD, attrs.evolve(RECORD, identity=None)):
+    facts = BinaryFacts("f" * 64, (2, 34))
+    for record in (
+        RECORD,
+        attrs.evolve(RECORD, identity=None),
+        attrs.evolve(RECORD, built=facts),
+        attrs.evolve(RECORD, built=attrs.evolve(facts, glibc=None)),
+    ):
         assert BuildRecord.from_json(record.to_json()) == record
+    built_text = attrs.evolve(RECORD, built=facts).to_json()
+    assert BuildRecord.from_json(built_text.replace("[2, 34]", '["2", 34]')) is None
+    assert BuildRecord.from_json(built_text.replace('"sha256"', '"sha"')) is None
     text = RECORD.to_json()
     for bad in (
         "",
@@ -520,6 +531,25 @@ def test_a_deleted_or_rewritten_binary_is_rebuilt(tmp_path: Path) -> None:
     built(tmp_path, job)
     binary.unlink()
     assert not records(tmp_path).check(job).verdict.fresh
+
+
+def test_a_record_keeps_its_binarys_digest_and_glibc_need_while_its_stat_holds(
+    tmp_path: Path,
+) -> None:
+    """A good build's record reads its binary once (what verification compares each host's
+    copy with); a run that finds the build unchanged takes them from the record. A binary
+    no ELF reader can read is recorded without them: verification reads it and says why."""
+    job = project(tmp_path)
+    binary = tmp_path / job.built_binary
+    first = built(tmp_path, job)
+    assert first is not None and first.built is None  # "ELF", a text: not an ELF file
+    shutil.copyfile("/bin/true", binary)
+    record = built(tmp_path, job)
+    assert record is not None and record.built == binary_facts(binary)
+    assert record.built.glibc is not None
+    check = records(tmp_path).check(job)
+    assert check.verdict.fresh and check.record is not None
+    assert check.record.built == record.built
 
 
 @pytest.mark.parametrize(

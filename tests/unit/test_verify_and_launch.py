@@ -11,11 +11,13 @@ import pytest
 from fdl_tasks.config.model import SshSettings, Worker
 from fdl_tasks.config.names import split_ssh_option
 from fdl_tasks.config.settings import Settings
-from fdl_tasks.core.binary_files import file_sha256, required_glibc
+from fdl_tasks.core.binary_files import BinaryFacts, binary_facts, file_sha256, required_glibc
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.launch import check_envelopes, launch_line
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.verification import copy_problems, parse_verification, verification_script
+from fdl_tasks.publish.verification_io import verify_copies
+from fdl_tasks.ssh.outcomes import Outcome, Reply
 from fdl_tasks.ssh.sshconfig import ssh_config_block
 
 
@@ -64,6 +66,41 @@ def test_verification_script_against_this_machine(tmp_path: Path) -> None:
 
 
 WORKER = Worker("b", "/mnt/p", "precompiled/cu128", env={"NCCL_DEBUG": "WARN", "X": "w"})
+
+
+class ThisMachine:
+    """A fleet of one host, this machine, asked with ``sh -c``: the scripts run for real."""
+
+    def __init__(self, path: Path) -> None:
+        self.workers = {"h": Worker("h", str(path))}
+
+    def run(self, scripts: dict[str, str], timeout: float | None) -> dict[str, Outcome]:
+        done = {
+            h: subprocess.run(["sh", "-c", s], capture_output=True, text=True)
+            for h, s in scripts.items()
+        }
+        return {h: Reply(d.stdout, d.stderr, d.returncode) for h, d in done.items()}
+
+
+def test_verification_takes_what_the_build_record_read_of_the_binary(tmp_path: Path) -> None:
+    """The binary's digest and glibc need, as its build record has them: the controller's
+    file is not read again (here it is not even there); else it is read."""
+    (tmp_path / "bin").mkdir()
+    copy = tmp_path / "bin" / "tool"
+    copy.write_bytes(Path("/bin/true").read_bytes())
+    copy.chmod(0o755)
+    envelopes = {"h": PerHostEnvelope("bin/tool", "/nonexistent/lib")}
+    built = {"h": tmp_path / "gone" / "tool"}
+    fleet, settings = ThisMachine(tmp_path), Settings.from_config({"verify_retries": 0})
+    said: list[str] = []
+    known = {built["h"]: binary_facts(copy)}
+    found = verify_copies(fleet, envelopes, built, settings, said.append, known)  # type: ignore[arg-type]
+    assert (found.verified, found.problems) == (("h",), ())
+    other = {built["h"]: BinaryFacts("0" * 64, None)}
+    found = verify_copies(fleet, envelopes, built, settings, said.append, other)  # type: ignore[arg-type]
+    assert "differs from the controller's build" in found.problems[0]
+    with pytest.raises(FileNotFoundError):
+        verify_copies(fleet, envelopes, built, settings, said.append)  # type: ignore[arg-type]
 
 
 def test_launch_command_orders_env_and_quotes() -> None:
