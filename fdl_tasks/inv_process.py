@@ -112,7 +112,9 @@ def reader_left() -> bool:
     poller.register(fd, select.POLLOUT)
     if not any(events & select.POLLERR for _, events in poller.poll(0)):
         return False
-    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
     return True
 
 

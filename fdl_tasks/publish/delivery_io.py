@@ -21,7 +21,6 @@ import attrs
 
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.settings import Settings
-from fdl_tasks.core.binary_files import file_sha256
 from fdl_tasks.core.errors import FdlError, Stopped
 from fdl_tasks.publish.delivery import (
     HostState,
@@ -58,17 +57,21 @@ class Copies:
 
 
 def copy_step(
-    run: Run, fleet: Fleet, envelopes: Mapping[str, PerHostEnvelope], built: Mapping[str, Path]
+    run: Run,
+    fleet: Fleet,
+    envelopes: Mapping[str, PerHostEnvelope],
+    built: Mapping[str, Path],
+    digests: Mapping[Path, str],
 ) -> Copies | None:
     """After the builds, before verification: upload to the ``copy`` hosts.
 
     ``built[host]`` is the file cargo produced for the host (what verification
-    compares with). Any host's error stops publication, after every host finished.
+    compares with), ``digests`` each one's sha256 as its build step read it. Any
+    host's error stops publication, after every host finished.
     """
     workers = [w for w in copy_hosts(run.cluster, fleet.workers.values()) if w.host in envelopes]
     if not workers:
         return None
-    digests = {source: file_sha256(source) for source in {built[w.host] for w in workers}}
     targets = [
         target_for(w, envelopes[w.host], built[w.host], digests[built[w.host]]) for w in workers
     ]

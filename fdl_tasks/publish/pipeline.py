@@ -223,7 +223,8 @@ def build_and_publish(
         with fleet.opening(h for h in envelopes if run.settings.verify or h in copies):
             results = run_builds(run, backend, jobs)
         built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
-        copy_step(run, fleet, envelopes, built)  # copy hosts: upload what is missing
+        digests = {run.root / r.job.built_binary: r.sha256 for r in results}
+        copy_step(run, fleet, envelopes, built, digests)  # copy hosts: upload what is missing
         known = {run.root / r.job.built_binary: r.facts for r in results if r.facts}
         verification = (
             verify_hosts(run, fleet, envelopes, built, known) if run.settings.verify else None
