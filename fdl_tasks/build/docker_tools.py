@@ -1,4 +1,4 @@
-"""The Docker side of builds, through the Docker SDK and the compose CLI.
+"""The Docker side of builds, through the Engine API and the compose CLI.
 
 Everything here is checked or cleaned before or after the builds themselves:
 the daemon and the images, compose and its service, container removal.
@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from fdl_tasks.build.build_argv import RUN_LABEL
+from fdl_tasks.build.docker_api import DockerApi, DockerError, container_name, labels_of
 from fdl_tasks.core.errors import FdlError
 
 #: The labels compose puts on each network it creates: the project's name, the network's key.
@@ -25,36 +26,27 @@ COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
 COMPOSE_NETWORK_LABEL = "com.docker.compose.network"
 
 
-def _docker_client() -> Any:
-    import docker as docker_sdk
-
-    return docker_sdk.from_env(version="auto", timeout=10)
-
-
 def check_docker(images: Iterable[str], configured: str, source: str) -> dict[str, str]:
     """Before any build: the daemon answers and every image exists locally; each image's
     content id (what a build record keeps of its toolchain)."""
-    import docker as docker_sdk
-
+    docker = DockerApi()
     try:
-        client = _docker_client()
-        client.ping()
-    except docker_sdk.errors.DockerException as exc:
+        docker.ping()
+    except DockerError as exc:
         raise FdlError(
             f"the Docker daemon does not answer ({exc}); start it, or remove "
             f"controller.docker from {source} to build with native cargo"
         ) from None
     missing, ids = [], {}
-    try:
-        for image in sorted(set(images)):
-            try:
-                ids[image] = client.images.get(image).id
-            except docker_sdk.errors.ImageNotFound:
-                missing.append(image)
-    except docker_sdk.errors.DockerException as exc:
-        raise FdlError(f"the Docker daemon refused to look up image {image!r}: {exc}") from None
-    finally:
-        client.close()
+    for image in sorted(set(images)):
+        try:
+            found = docker.image(image)
+        except DockerError as exc:
+            raise FdlError(f"the Docker daemon refused to look up image {image!r}: {exc}") from None
+        if found is None:
+            missing.append(image)
+        else:
+            ids[image] = str(found["Id"])
     if missing:
         raise FdlError(
             f"Docker image(s) not found on this machine: {', '.join(missing)} "
@@ -160,14 +152,11 @@ def _missing_networks(project: str, networks: set[str]) -> set[str]:
     """Which of the project's ``networks`` do not exist (all of them when Docker cannot say)."""
     if not networks:
         return set()
-    import docker as docker_sdk
-
     try:
-        with contextlib.closing(_docker_client()) as client:
-            found = client.networks.list(filters={"label": f"{COMPOSE_PROJECT_LABEL}={project}"})
-    except docker_sdk.errors.DockerException:
+        found = DockerApi().networks([f"{COMPOSE_PROJECT_LABEL}={project}"])
+    except DockerError:
         return networks
-    return networks - {(n.attrs.get("Labels") or {}).get(COMPOSE_NETWORK_LABEL) for n in found}
+    return networks - {labels_of(n).get(COMPOSE_NETWORK_LABEL) for n in found}
 
 
 def _compose(
@@ -203,34 +192,26 @@ def remove_containers(*labels: str) -> list[str]:
     that removes it; a daemon that does not answer is one such line, since
     containers it cannot list may still run.
     """
-    import docker as docker_sdk
-    import requests
-
-    failures = (docker_sdk.errors.DockerException, requests.RequestException)
+    docker = DockerApi()
     filters = " ".join(f"--filter label={shlex.quote(label)}" for label in labels)
     try:
-        client = _docker_client()
-        found = client.containers.list(all=True, filters={"label": list(labels)})
-    except failures as exc:
+        found = docker.containers(labels)
+    except DockerError as exc:
         return [
             f"containers labelled {' '.join(labels)} may be left: the Docker daemon did not "
             f"list them ({_one_line(exc)}); remove them with "
             f"docker rm -f $(docker ps -aq {filters})"
         ]
     left = []
-    try:
-        for container in found:
-            try:
-                container.remove(force=True)
-            except docker_sdk.errors.NotFound:
-                pass  # gone meanwhile (its client's --rm)
-            except failures as exc:
-                left.append(
-                    f"container {container.name} could not be removed ({_one_line(exc)}); "
-                    f"remove it with docker rm -f {container.name}"
-                )
-    finally:
-        client.close()
+    for container in found:
+        name = container_name(container)
+        try:
+            docker.remove_container(name)  # one gone meanwhile (its client's --rm) is no error
+        except DockerError as exc:
+            left.append(
+                f"container {name} could not be removed ({_one_line(exc)}); "
+                f"remove it with docker rm -f {name}"
+            )
     return left
 
 

@@ -1,7 +1,7 @@
 """Warm build containers on this machine's Docker: found, made, replaced, stopped.
 
 Thin I/O over :mod:`fdl_tasks.build.warm_containers`. Containers are looked up
-with the Docker SDK (the run's check already talks to the daemon); they are
+through the Engine API (:mod:`~fdl_tasks.build.docker_api`); they are
 made with the ``docker`` client itself, from the very options a ``docker run``
 build would get, so nothing is translated. Which container each job used last
 is a small file under ``target/cluster/_warm/``: a container gone before its idle
@@ -18,8 +18,8 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from fdl_tasks.build.docker_api import DockerApi, DockerError, container_name, labels_of
 from fdl_tasks.build.docker_tools import remove_containers
 from fdl_tasks.build.warm_containers import (
     KILL_BUILDS,
@@ -85,12 +85,6 @@ def run_warm(run: Run) -> WarmContainers | None:
     return WarmContainers(str(run.root), WarmSettings(idle), run.say)
 
 
-def _client() -> Any:
-    import docker as docker_sdk
-
-    return docker_sdk.from_env(version="auto", timeout=10)
-
-
 class WarmContainers:
     """One run's warm containers: each job's found or made before its build, and the
     builds in them stopped on a timeout or a stop."""
@@ -102,14 +96,7 @@ class WarmContainers:
         self._lock = threading.Lock()
         self._said: set[str] = set()
         self._entrypoints: dict[str, str | None] = {}
-        self._docker: Any = None
-
-    def client(self) -> Any:
-        """One Docker SDK client for the run's lookups (made when first needed)."""
-        with self._lock:
-            if self._docker is None:
-                self._docker = _client()
-            return self._docker
+        self.docker = DockerApi()
 
     def container_for(
         self,
@@ -145,36 +132,28 @@ class WarmContainers:
         return name
 
     def _ensure(self, job: str, name: str, image_id: str, start: Start) -> None:
-        import docker as docker_sdk
-
         state = Path(self.root) / WARM_DIR / job.replace("/", "-").lstrip("_")
         last, last_used = _last_container(state)
-        client = self.client()
-        try:
-            found = client.containers.get(name)
-        except docker_sdk.errors.NotFound:
-            found = None
-        if found is not None and found.status == "running":
+        found = self.docker.container(name)
+        if found is not None and (found.get("State") or {}).get("Status") == "running":
             _touch(state, name)
             return
         if found is not None:
-            with contextlib.suppress(docker_sdk.errors.APIError):
-                found.remove(force=True)
+            with contextlib.suppress(DockerError):
+                self.docker.remove_container(name)
         if last == name and (why := gone_reason(last_used, time.time(), self.settings)):
             was = "stopped" if found is not None else "gone"
             self.say(
                 f"build container {name} of {job} is {was} ({why}): starting a new one",
                 Severity.WARNING,
             )
-        old = client.containers.list(
-            all=True, filters={"label": [f"{WARM_LABEL}={self.root}", f"{WARM_JOB_LABEL}={job}"]}
-        )
-        for container in (c for c in old if c.name != name):
-            changed = container.labels.get(WARM_IMAGE_LABEL) != image_id
+        old = self.docker.containers([f"{WARM_LABEL}={self.root}", f"{WARM_JOB_LABEL}={job}"])
+        for container in (c for c in old if container_name(c) != name):
+            changed = labels_of(container).get(WARM_IMAGE_LABEL) != image_id
             what = "its image" if changed else "its mounts, environment or settings"
             self.say(f"replacing the build container of {job}: {what} changed")
-            with contextlib.suppress(docker_sdk.errors.APIError):
-                container.remove(force=True)
+            with contextlib.suppress(DockerError):
+                self.docker.remove_container(container_name(container))
         line = start(identity(name, self.root, job, image_id), keeper_argv(self.settings))
         made = subprocess.run(
             line,
@@ -192,7 +171,7 @@ class WarmContainers:
     def _entrypoint(self, image_id: str) -> str | None:
         """The image's entrypoint, asked once per image and run."""
         if image_id not in self._entrypoints:
-            config = self.client().images.get(image_id).attrs.get("Config") or {}
+            config = (self.docker.image(image_id) or {}).get("Config") or {}
             entrypoint = config.get("Entrypoint")
             self._entrypoints[image_id] = " ".join(entrypoint) if entrypoint else None
         return self._entrypoints[image_id]

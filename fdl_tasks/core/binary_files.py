@@ -7,7 +7,9 @@ and verification all ask these of binaries and of libtorch itself.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -26,25 +28,65 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+#: ``SHT_GNU_verneed``: the section listing the symbol versions an ELF file needs.
+_VERNEED = 0x6FFFFFFE
+
+
 def required_glibc(binary: Path) -> tuple[int, int] | None:
     """The highest ``GLIBC_x.y`` symbol version the ELF file needs, if any."""
-    from elftools.common.exceptions import ELFError  # only prebuild needs it: keep inv fast
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.gnuversions import GNUVerNeedSection
-
     try:
-        with binary.open("rb") as stream:
-            versions = [
-                (int(m.group(1)), int(m.group(2)))
-                for section in ELFFile(stream).iter_sections()
-                if isinstance(section, GNUVerNeedSection)
-                for _, auxiliaries in section.iter_versions()
-                for aux in auxiliaries
-                if (m := _GLIBC_SYMBOL.fullmatch(aux.name))
-            ]
-    except (OSError, ELFError) as exc:
+        with (
+            binary.open("rb") as stream,
+            mmap.mmap(stream.fileno(), 0, prot=mmap.PROT_READ) as data,
+        ):
+            names = needed_versions(data)
+    except (OSError, ValueError) as exc:  # an empty file cannot be mapped: not ELF either
         raise FdlError(f"cannot read the ELF file {binary}: {exc}") from None
-    return max(versions, default=None)
+    versions = [m.groups() for name in names if (m := _GLIBC_SYMBOL.fullmatch(name))]
+    return max(((int(major), int(minor)) for major, minor in versions), default=None)
+
+
+def needed_versions(data: bytes | mmap.mmap) -> list[str]:
+    """The symbol version names (``GLIBC_2.34``) an ELF image needs: its
+    ``SHT_GNU_verneed`` sections' entries (32 or 64 bits, either byte order, as the
+    LSB lays them out); :class:`ValueError` for what is not ELF, or is cut short."""
+    if len(data) < 6 or data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
+        raise ValueError("not an ELF file")
+    wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
+    header, section = ("Q10xHH", "IIQQQQIIQQ") if wide else ("I10xHH", "I" * 10)
+    try:
+        shoff, shentsize, shnum = struct.unpack_from(order + header, data, 0x28 if wide else 0x20)
+        sections = [
+            struct.unpack_from(order + section, data, shoff + i * shentsize) for i in range(shnum)
+        ]
+        names = []
+        for _, kind, _, _, offset, _, link, count, _, _ in sections:
+            if kind != _VERNEED:
+                continue
+            strings = sections[link][4]
+            for _ in range(count):  # Elf_Verneed entries, each with its Elf_Vernaux list
+                _, aux_count, _, aux, following = struct.unpack_from(order + "HHIII", data, offset)
+                at = offset + aux
+                for _ in range(aux_count):
+                    name, after = struct.unpack_from(order + "II", data, at + 8)
+                    names.append(_string(data, strings + name))
+                    if not after:  # the last one (a count that says more is not trusted)
+                        break
+                    at += after
+                if not following:
+                    break
+                offset += following
+        return names
+    except (struct.error, IndexError, OverflowError) as exc:
+        raise ValueError(f"a truncated or malformed ELF file ({exc})") from None
+
+
+def _string(data: bytes | mmap.mmap, offset: int) -> str:
+    """The NUL-terminated string at ``offset``."""
+    end = data.find(b"\0", offset)
+    if offset < 0 or end < 0:
+        raise IndexError("a string outside the file")
+    return bytes(data[offset:end]).decode("ascii", errors="replace")
 
 
 @attrs.frozen

@@ -5,7 +5,6 @@ The rig itself, its cluster files and its ``inv`` runs are :mod:`rig.harness`.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -25,15 +24,14 @@ def no_warm_container_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """Warm build containers outlive the ``inv`` that made them: at the end of the session,
     every one of a project under this session's temporary directory is removed."""
     yield
-    import docker as docker_sdk
-
+    from fdl_tasks.build.docker_api import DockerApi, DockerError, container_name, labels_of
     from fdl_tasks.build.warm_containers import WARM_LABEL
 
     base = str(tmp_path_factory.getbasetemp())
+    docker = DockerApi()
     try:
-        with contextlib.closing(docker_sdk.from_env(timeout=10)) as client:
-            for container in client.containers.list(all=True, filters={"label": WARM_LABEL}):
-                if container.labels.get(WARM_LABEL, "").startswith(base):
-                    container.remove(force=True)
-    except docker_sdk.errors.DockerException:
+        for container in docker.containers([WARM_LABEL]):
+            if labels_of(container).get(WARM_LABEL, "").startswith(base):
+                docker.remove_container(container_name(container))
+    except DockerError:
         pass  # no daemon: no container
