@@ -45,7 +45,7 @@ from fdl_tasks.build.unit_reads import unit_reads
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import write_atomically
-from fdl_tasks.core.binary_files import binary_facts
+from fdl_tasks.core.binary_files import BinaryFacts
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.tree.scan import entry_of, scan
 from fdl_tasks.tree.scope import Scope, under
@@ -192,10 +192,11 @@ class Records:
             for path in doomed:
                 shutil.rmtree(path, ignore_errors=True)
 
-    def record(self, job: BuildJob, check: Check) -> BuildRecord | None:
+    def record(self, job: BuildJob, check: Check, facts: BinaryFacts | None) -> BuildRecord | None:
         """After a build that succeeded: its record, from the look taken before cargo
-        ran and what its units named after it (``None``: none written). A second look
-        only when they name a file the first did not read by content."""
+        ran and what its units named after it, with the binary's ``facts`` (``None``:
+        none written). A second look only when they name a file the first did not read
+        by content."""
         binary = _entry(self.root / job.built_binary)
         if binary is None:
             return None
@@ -203,9 +204,6 @@ class Records:
         look, reads = check.look, named(units)
         if not reads <= check.reads:  # a file first read now: looked at (as_read says how)
             look = as_read(look, self.look(job, check.inputs, look, reads)[0])
-        facts = None
-        with contextlib.suppress(FdlError, OSError):  # verification reads it again, and says why
-            facts = binary_facts(self.root / job.built_binary)
         record = BuildRecord(check.inputs.identity, look, units, binary, built=facts)
         path = record_file(self.root, job)
         try:

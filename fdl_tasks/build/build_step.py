@@ -20,8 +20,9 @@ from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_order import concurrency, order_text
 from fdl_tasks.build.build_record_io import Records
+from fdl_tasks.build.build_results import JobResult, settled
 from fdl_tasks.build.build_view_io import BuildView
-from fdl_tasks.build.builder import Builder, JobResult
+from fdl_tasks.build.builder import Builder
 from fdl_tasks.build.warm_containers_io import run_warm
 from fdl_tasks.cache.compile_cache import CompileCache, find_cache, open_cache
 from fdl_tasks.config.layout import CARGO_TIMINGS_DIR, TIMINGS_DIR
@@ -159,6 +160,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
     for line in summary_lines(results):
         run.report(line)
     if failures := [r for r in results if not r.ok]:
+        settled(results)  # the records of those that ended well, written before the lock goes
         message = (
             f"{len(failures)} of {len(results)} build(s) failed; no envelope was "
             "published.\n" + "\n".join(failure_report(r, str(run.root)) for r in failures)

@@ -27,40 +27,19 @@ from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_order import head_start
 from fdl_tasks.build.build_record import BuildRecord, forced_line, tree_digest
 from fdl_tasks.build.build_record_io import Records
+from fdl_tasks.build.build_results import JobResult
 from fdl_tasks.build.build_view import last_run_seconds, ran_line
 from fdl_tasks.build.build_view_io import BuildView
-from fdl_tasks.cache.cache_stats import CacheStats, read_stats
+from fdl_tasks.cache.cache_stats import read_stats
 from fdl_tasks.cargo.manifests import changed_since
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import copy_atomically, log_tail
-from fdl_tasks.core.binary_files import BinaryFacts, file_sha256
+from fdl_tasks.core.binary_files import BinaryFacts, file_sha256, readable_facts
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
 
 #: What the board says of a build whose record shows nothing changed.
 UNCHANGED = "unchanged since its last build: cargo not started"
-
-
-@attrs.frozen(kw_only=True)
-class JobResult:
-    """How one build ended: ``rebuilt`` when cargo wrote a new binary, its ``sha256``."""
-
-    job: BuildJob
-    ok: bool
-    seconds: float
-    detail: str = ""
-    exit_code: int | None = None
-    log_tail: str = ""
-    cache: CacheStats | None = None
-    rebuilt: bool = False
-    sha256: str = ""
-    #: The digest of the tree the binary was built from, as its build record says
-    #: (:func:`~fdl_tasks.build.build_record.tree_digest`; empty without a record).
-    tree: str = ""
-    #: The binary's digest and glibc need, as its record has them (``None``: not read yet).
-    facts: BinaryFacts | None = None
-    #: When the build started (``time.monotonic``): ``--timings`` draws it.
-    started: float = 0.0
 
 
 class Builder:
@@ -86,6 +65,8 @@ class Builder:
         self.timeout, self.jobs, self.view, self.records = timeout, jobs, view, records
         self._processes: dict[str, tuple[BuildJob, int]] = {}
         self._lock = threading.Lock()
+        #: Writes each successful build's record while the run goes on.
+        self._recorder = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="record")
         #: What a stop or a timeout could not remove, each line with the command that does.
         self.left_running: list[str] = []
         self.stopping = threading.Event()  #: set by :meth:`stop`
@@ -125,8 +106,10 @@ class Builder:
             pool.shutdown(wait=False, cancel_futures=True)
             self.stop()
             wait(futures, timeout=5)  # up to 5 s for their "stopped" lines before the last word
+            self._recorder.shutdown()  # the records of builds that ended well, written
             raise
         pool.shutdown()
+        self._recorder.shutdown(wait=False)  # nothing more to record: its threads end
         return results
 
     def stop(self) -> None:
@@ -180,7 +163,9 @@ class Builder:
         built = self.root / job.built_binary
         check = self.records.check(job) if self.records else None
         if check and check.verdict.fresh:
-            return self._succeeded(job, started, check.record, rebuilt=False, skipped=True)
+            record = check.record
+            facts, tree = (record.built, tree_digest(record)) if record else (None, "")
+            return self._succeeded(job, started, facts, tree=tree, rebuilt=False, skipped=True)
         before = _size_and_mtime(built)
         log_path = self.root / job.log_file
         with log_path.open("w", encoding="utf-8") as log:
@@ -231,26 +216,32 @@ class Builder:
             return JobResult(
                 job=job, ok=False, seconds=seconds, detail=problem, exit_code=code, log_tail=tail
             )
-        record = self.records.record(job, check) if self.records and check else None
-        return self._succeeded(job, started, record, rebuilt=_size_and_mtime(built) != before)
+        rebuilt = _size_and_mtime(built) != before
+        facts = readable_facts(built)  # verification compares with them; the record keeps them
+        if not (self.records and check):
+            return self._succeeded(job, started, facts, rebuilt=rebuilt)
+        recording = self._recorder.submit(self.records.record, job, check, facts)
+        return self._succeeded(job, started, facts, rebuilt=rebuilt, recording=recording)
 
     def _succeeded(
         self,
         job: BuildJob,
         started: float,
-        record: BuildRecord | None,
+        facts: BinaryFacts | None,
         *,
         rebuilt: bool,
         skipped: bool = False,
+        tree: str = "",
+        recording: Future[BuildRecord | None] | None = None,
     ) -> JobResult:
         """A build that left its binary (``skipped``: cargo was not needed): each own-dir
-        host's copy, the binary's hash, the tree its ``record`` says it was built from."""
+        host's copy, the binary's hash (``facts``' when known: a fresh record's binary has
+        its stat), the tree its record says it was built from, or the record on its way."""
         built = self.root / job.built_binary
         for host in job.hosts:
             destination = self.root / job.host_binary(host)
             if destination != built:
                 copy_atomically(built, destination)
-        facts = record.built if record else None  # a fresh record's binary has its stat
         return JobResult(
             job=job,
             ok=True,
@@ -259,8 +250,9 @@ class Builder:
             cache=read_stats(self.root / job.target_dir) if self.cache and not skipped else None,
             rebuilt=rebuilt,
             sha256=facts.sha256 if facts else file_sha256(built),
-            tree=tree_digest(record) if record else "",
+            tree=tree,
             facts=facts,
+            recording=recording,
         )
 
     def _expire(self, job: BuildJob, process: int, expired: threading.Event) -> None:

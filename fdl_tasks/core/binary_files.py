@@ -122,6 +122,15 @@ def binary_facts(binary: Path) -> BinaryFacts:
     return BinaryFacts(file_sha256(binary), required_glibc(binary))
 
 
+def readable_facts(binary: Path) -> BinaryFacts | None:
+    """:func:`binary_facts`, ``None`` for a file no ELF reader reads (verification reads it
+    again, and says why)."""
+    try:
+        return binary_facts(binary)
+    except (FdlError, OSError):
+        return None
+
+
 #: ELF ``e_machine`` values and the ``uname -m`` names of their CPU architectures.
 ELF_MACHINES = {62: "x86_64", 183: "aarch64", 21: "ppc64le", 243: "riscv64", 40: "armv7l"}
 

@@ -21,8 +21,8 @@ from fdl_tasks.build.backends.protocol import Backend
 from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.build.build_results import JobResult, settled
 from fdl_tasks.build.build_step import run_backend, run_builds
-from fdl_tasks.build.builder import JobResult
 from fdl_tasks.build.readiness import NOTHING_BUILT, crate_missing, root_missing
 from fdl_tasks.build.readiness_io import require_ready, variant_problem
 from fdl_tasks.config.layout import LOCK_FILE
@@ -222,13 +222,16 @@ def build_and_publish(
         copies = {w.host for w in copy_hosts(run.cluster, run.remotes)}
         with fleet.opening(h for h in envelopes if run.settings.verify or h in copies):
             results = run_builds(run, backend, jobs)
-        built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
-        digests = {run.root / r.job.built_binary: r.sha256 for r in results}
-        copy_step(run, fleet, envelopes, built, digests)  # copy hosts: upload what is missing
-        known = {run.root / r.job.built_binary: r.facts for r in results if r.facts}
-        verification = (
-            verify_hosts(run, fleet, envelopes, built, known) if run.settings.verify else None
-        )
+        try:  # the builds' records are being written meanwhile
+            built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
+            digests = {run.root / r.job.built_binary: r.sha256 for r in results}
+            copy_step(run, fleet, envelopes, built, digests)  # copy hosts: upload what is missing
+            known = {run.root / r.job.built_binary: r.facts for r in results if r.facts}
+            verification = (
+                verify_hosts(run, fleet, envelopes, built, known) if run.settings.verify else None
+            )
+        finally:
+            results = settled(results)
         merged = kept | envelopes
         with step(run, "publish", command):
             text = envelope.publish(run.root, command, merged)

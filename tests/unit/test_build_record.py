@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +33,13 @@ from fdl_tasks.build.build_record import (
     verdict,
 )
 from fdl_tasks.build.build_record_io import Records, attempt_file, record_file
-from fdl_tasks.build.builder import JobResult
+from fdl_tasks.build.build_results import JobResult, settled
 from fdl_tasks.build.record_attempt import attempt_from, attempt_json
 from fdl_tasks.build.record_plan import MOUNT_BUDGET
 from fdl_tasks.cargo.cargo_outputs import dep_info_paths, rerun_paths
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.model import Controller, DockerSettings
-from fdl_tasks.core.binary_files import BinaryFacts, binary_facts
+from fdl_tasks.core.binary_files import BinaryFacts, binary_facts, readable_facts
 from fdl_tasks.publish.freshness import read_sources, sources_json, stale_binary, write_sources
 from fdl_tasks.tree.snapshot import RACY_NS, Entry, Snapshot
 
@@ -392,7 +394,7 @@ def built(root: Path, job: BuildJob, keeper: Records | None = None) -> BuildReco
     for path, content in kept.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
-    return keeper.record(job, check)
+    return keeper.record(job, check, readable_facts(root / job.built_binary))  # as the builder
 
 
 def fingerprint(root: Path, job: BuildJob, name: str) -> Path:
@@ -426,7 +428,7 @@ def test_a_file_first_named_after_the_check_is_read_for_the_record(tmp_path: Pat
     assert head not in check.reads and head not in check.look.entries
     unit(tmp_path, job, "ddp-bench-0001", "ddp-bench/src/main.rs", ".git/HEAD")  # cargo ran
     main.write_text("fn main() { g() }\n")  # saved while it ran
-    record = keeper.record(job, check)
+    record = keeper.record(job, check, None)
     assert record is not None
     assert record.look.entries[head].digest == UNKNOWN
     assert record.look.entries[str(main)] == check.look.entries[str(main)]
@@ -850,3 +852,22 @@ def test_a_compose_identity_changes_with_the_service_not_with_the_envelope() -> 
 def test_a_compose_service_reading_what_no_record_sees_has_no_identity(volume: object) -> None:
     assert compose_inputs({**SERVICE, "volumes": [*SERVICE["volumes"], volume]}) is None
     assert compose_inputs(SERVICE, image=None) is None
+
+
+def test_a_result_settles_when_its_record_is_written(tmp_path: Path) -> None:
+    """The builder hands a build's result on while its record is still being written (beside
+    verification's round trip); settling waits for it and takes the tree digest from it."""
+    job = project(tmp_path)
+    record = built(tmp_path, job)
+    assert record is not None
+    writing: Future[BuildRecord | None] = Future()
+    pending = JobResult(job=job, ok=True, seconds=1.0, recording=writing)
+    failed: Future[BuildRecord | None] = Future()
+    unwritten = JobResult(job=job, ok=True, seconds=1.0, recording=failed)
+    kept = JobResult(job=job, ok=True, seconds=1.0, tree="kept")
+    threading.Timer(0.2, writing.set_result, (record,)).start()
+    failed.set_result(None)  # no record written: no tree to name
+    first, second, third = settled([pending, unwritten, kept])
+    assert writing.done() and first.tree == tree_digest(record) != ""
+    assert (second.tree, third.tree) == ("", "kept")
+    assert first.recording is None and second.recording is None
