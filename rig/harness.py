@@ -118,8 +118,14 @@ def builder_settings(owner: str) -> dict[str, Any]:
 
 
 def isolated_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without the caller's own fdl settings, plus ``extra``."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "FLODL_"))}
+    """This process's environment without the caller's own fdl settings, plus ``extra``.
+
+    Nor ``PYTHONDONTWRITEBYTECODE``: ``inv`` keeps its bytecode as on a user's machine
+    (a shell that sets it would make every run compile each module changed since the
+    last one that could write, a cost no user pays twice; benchmarks time ``inv``).
+    """
+    skipped = ("INVOKE_", "FLODL_", "PYTHONDONTWRITEBYTECODE")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(skipped)}
     environment.update(extra or {})
     return environment
 
