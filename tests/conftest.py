@@ -6,7 +6,11 @@ How a test runs the real ``inv`` lives in :mod:`rig.harness` (shared with
 
 from __future__ import annotations
 
+import getpass
+import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,48 @@ DATA = Path(__file__).resolve().parent / "data"
 # Ctrl-C's default, as from a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+#: Base temp dirs of ended sessions kept to look at after a failure, as pytest keeps them.
+KEPT_SESSIONS = 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each session a base temp dir of its own (unless ``--basetemp`` names one).
+
+    pytest's own are numbered dirs in ``/tmp/pytest-of-<user>``, which every session
+    makes mode 0700 as it starts. A rig whose hosts log in as ``fdlrig`` gives its
+    dir's ancestors the other-execute bit, and a second session started meanwhile (a
+    unit test run beside the rig's) took it away: those logins then failed with
+    "Permission denied (publickey)". These live in ``<tmp>/fdl-pytest-of-<user>/<pid>``,
+    whose mode no session changes.
+    """
+    if config.option.basetemp is None:
+        config.option.basetemp = str(session_base())
+
+
+def session_base() -> Path:
+    """This session's base temp dir; those of sessions no longer running are removed,
+    but the newest :data:`KEPT_SESSIONS`."""
+    root = Path(tempfile.gettempdir()) / f"fdl-pytest-of-{getpass.getuser()}"
+    root.mkdir(mode=0o711, exist_ok=True)
+    if root.stat().st_uid != os.getuid():
+        raise pytest.UsageError(f"{root} belongs to another user: pass --basetemp")
+    ended = [d for d in root.iterdir() if d.name.isdigit() and not _running(int(d.name))]
+    for old in sorted(ended, key=lambda d: d.stat().st_mtime)[:-KEPT_SESSIONS]:
+        unmount_leftovers(old)
+        shutil.rmtree(old, ignore_errors=True)
+    return root / str(os.getpid())
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
