@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fdl_tasks.core.locks import process_running
 from rig.faults import unmount_leftovers
 from rig.harness import run_inv
 
@@ -56,21 +57,11 @@ def session_base() -> Path:
     root.mkdir(mode=0o711, exist_ok=True)
     if root.stat().st_uid != os.getuid():
         raise pytest.UsageError(f"{root} belongs to another user: pass --basetemp")
-    ended = [d for d in root.iterdir() if d.name.isdigit() and not _running(int(d.name))]
+    ended = [d for d in root.iterdir() if d.name.isdigit() and not process_running(int(d.name))]
     for old in sorted(ended, key=lambda d: d.stat().st_mtime)[:-KEPT_SESSIONS]:
         unmount_leftovers(old)
         shutil.rmtree(old, ignore_errors=True)
     return root / str(os.getpid())
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

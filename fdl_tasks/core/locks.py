@@ -5,7 +5,9 @@ A lock file is opened once and held by its open stream; taking it never blocks
 unless asked to, so each caller decides what a busy lock means (wait, refuse,
 poll). The holder of a lock file writes ``pid N`` into it, for the message of
 whoever finds it busy; a data file locked while it is appended to (``known_hosts``)
-is opened by its user, in binary, and locked as it is.
+is opened by its user, in binary, and locked as it is. Where no lock can be taken
+(a watcher's state file, read from a process it does not share a lock with), the
+pid it names is asked whether it still runs (:func:`process_running`).
 """
 
 from __future__ import annotations
@@ -108,3 +110,14 @@ def project_lock(path: Path, report: Report) -> Iterator[None]:
             lock.take(wait=True)
         lock.claim()
         yield
+
+
+def process_running(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -25,7 +25,7 @@ import attrs
 from fdl_tasks.config.layout import WATCH_DIR
 from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.core.errors import FdlError
-from fdl_tasks.core.locks import FileLock, create_lock
+from fdl_tasks.core.locks import FileLock, create_lock, process_running
 from fdl_tasks.core.reporting import Report, Severity
 from fdl_tasks.tree.scope import Scope
 from fdl_tasks.tree.snapshot import Entry
@@ -175,12 +175,4 @@ def _pid_alive(state: Mapping[str, Any]) -> bool:
     if state.get("host") != socket.gethostname():
         return True
     pid = state.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return isinstance(pid, int) and pid > 0 and process_running(pid)
