@@ -40,12 +40,21 @@ def write_atomically(path: Path, text: str) -> None:
     replace_atomically(path, lambda partial: partial.write_text(text, encoding="utf-8"))
 
 
+#: A second in nanoseconds: a file system whose times are whole seconds keeps these.
+SECOND_NS = 1_000_000_000
+
+
 def copy_atomically(source: Path, destination: Path) -> bool:
     """Replace ``destination`` with a copy of ``source`` (mode and times kept), atomically;
-    ``False`` when it already is one (same size and modification time, as ``copy2`` leaves)."""
+    ``False`` when it already is one (same size and modification time, as ``copy2`` leaves).
+
+    A time in whole seconds proves nothing: on such a mount (SSHFS: SFTP v3 carries
+    seconds) a binary relinked in the second of the last copy, at the same size, would
+    keep the old build's copy. Such a file is copied again."""
     try:
         want, have = source.stat(), destination.stat()
-        if (want.st_size, want.st_mtime_ns) == (have.st_size, have.st_mtime_ns):
+        same = (want.st_size, want.st_mtime_ns) == (have.st_size, have.st_mtime_ns)
+        if same and want.st_mtime_ns % SECOND_NS:
             return False
     except FileNotFoundError:
         pass
