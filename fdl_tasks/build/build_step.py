@@ -130,6 +130,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
             jobs=at_once,
             view=view,
             records=build_records(run, backend),
+            standbys=run.standbys,
         )
         if run.dry:
             for job in jobs:

@@ -37,6 +37,7 @@ from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import copy_atomically, log_tail
 from fdl_tasks.core.binary_files import BinaryFacts, file_sha256, readable_facts
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
+from fdl_tasks.core.standbys import Standbys
 
 #: What the board says of a build whose record shows nothing changed.
 UNCHANGED = "unchanged since its last build: cargo not started"
@@ -60,9 +61,11 @@ class Builder:
         jobs: int,
         view: BuildView,
         records: Records | None = None,
+        standbys: Standbys | None = None,
     ) -> None:
         self.c, self.root, self.backend, self.cache = c, root, backend, backend.cache
         self.timeout, self.jobs, self.view, self.records = timeout, jobs, view, records
+        self.standbys = standbys
         self._processes: dict[str, tuple[BuildJob, int]] = {}
         self._lock = threading.Lock()
         #: Writes each successful build's record while the run goes on.
@@ -172,15 +175,19 @@ class Builder:
             stream = self.view.output(job, log)
             if check and check.verdict.forced:
                 stream.write(forced_line(check.verdict, self.root) + "\n")
-            promise: Any = self.c.run(
-                self.backend.build_line(job),
-                asynchronous=True,
-                warn=True,
-                hide=False,
-                pty=False,
-                out_stream=stream,
-                err_stream=stream,
-            )
+            line = self.backend.build_line(job)
+            # In a watch, a docker exec that waits for this build already (core/standbys.py).
+            promise: Any = self.standbys.start(line, stream) if self.standbys else None
+            if promise is None:
+                promise = self.c.run(
+                    line,
+                    asynchronous=True,
+                    warn=True,
+                    hide=False,
+                    pty=False,
+                    out_stream=stream,
+                    err_stream=stream,
+                )
             process = promise.runner.process.pid
             with self._lock:
                 self._processes[job.name] = (job, process)

@@ -166,10 +166,30 @@ def keeper_argv(settings: WarmSettings) -> list[str]:
 FRESH = '[ -z "${SCCACHE_SERVER_UDS:-}" ] || rm -f "$SCCACHE_SERVER_UDS"; exec "$@"'
 
 
+def exec_argv(command: Sequence[str]) -> list[str]:
+    """The build in its container: the same command a ``docker run`` would start (through
+    :data:`FRESH`)."""
+    return ["sh", "-c", FRESH, "sh", *command]
+
+
 def exec_line(name: str, command: Sequence[str]) -> str:
-    """The build: the same command a ``docker run`` would start, as a ``docker exec``
-    (through :data:`FRESH`)."""
-    return shlex.join(["docker", "exec", name, "sh", "-c", FRESH, "sh", *command])
+    """The build as a ``docker exec`` of :func:`exec_argv`."""
+    return shlex.join(["docker", "exec", name, *exec_argv(command)])
+
+
+#: A standby in a warm container (:mod:`fdl_tasks.core.standbys`): it reads the build's
+#: argv, quoted as one shell line, to the end of its stdin and runs it as
+#: :func:`exec_line` would (stdin empty); nothing read is nothing run, exit 0. A shell
+#: without ``cat`` ends it at once: the build runs as a ``docker exec`` then.
+STANDBY = (
+    "command -v cat >/dev/null 2>&1 || exit 0; argv=$(cat) || exit 126; "
+    '[ -n "$argv" ] || exit 0; eval "exec $argv" </dev/null'
+)
+
+
+def standby_line(name: str) -> str:
+    """A standby's ``docker exec``: stdin attached, the build's argv to come on it."""
+    return shlex.join(["docker", "exec", "-i", name, "sh", "-c", STANDBY])
 
 
 def gone_reason(last_used: float | None, now: float, settings: WarmSettings) -> str | None:

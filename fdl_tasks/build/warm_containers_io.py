@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import subprocess
 import textwrap
 import threading
@@ -31,17 +32,21 @@ from fdl_tasks.build.warm_containers import (
     bind_sources,
     client_variables,
     cold_reason,
+    exec_argv,
+    exec_line,
     gone_reason,
     identity,
     keeper_argv,
     run_start,
     spec_digest,
+    standby_line,
     warm_name,
 )
 from fdl_tasks.config.layout import WARM_DIR
 from fdl_tasks.config.run import Run
 from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.core.reporting import Report, Severity
+from fdl_tasks.core.standbys import Offer, Standbys
 
 #: The shortest idle timeout: a container must outlive the moment between its start and
 #: its first build's ``docker exec``, however loaded the machine.
@@ -82,15 +87,18 @@ def run_warm(run: Run) -> WarmContainers | None:
     if run.dry or not settings.warm_containers:
         return None
     idle = max(MIN_IDLE, int(settings.warm_idle))
-    return WarmContainers(str(run.root), WarmSettings(idle), run.say)
+    return WarmContainers(str(run.root), WarmSettings(idle), run.say, run.standbys)
 
 
 class WarmContainers:
     """One run's warm containers: each job's found or made before its build, and the
-    builds in them stopped on a timeout or a stop."""
+    builds in them stopped on a timeout or a stop. With ``standbys`` (a ``--watch``
+    session's), each build may run in a ``docker exec`` already waiting in its container."""
 
-    def __init__(self, root: str, settings: WarmSettings, say: Report) -> None:
-        self.root, self.settings, self.say = root, settings, say
+    def __init__(
+        self, root: str, settings: WarmSettings, say: Report, standbys: Standbys | None = None
+    ) -> None:
+        self.root, self.settings, self.say, self.standbys = root, settings, say, standbys
         #: Job name → the container its build runs in.
         self.used: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -130,6 +138,14 @@ class WarmContainers:
         with self._lock:
             self.used[job] = name
         return name
+
+    def exec_line(self, name: str, command: Sequence[str]) -> str:
+        """The build's ``docker exec`` in container ``name``, offered to the standbys."""
+        line = exec_line(name, command)
+        if self.standbys is not None:
+            offer = Offer(name, standby_line(name), shlex.join(exec_argv(command)))
+            self.standbys.offer(line, offer)
+        return line
 
     def _ensure(self, job: str, name: str, image_id: str, start: Start) -> None:
         state = Path(self.root) / WARM_DIR / job.replace("/", "-").lstrip("_")

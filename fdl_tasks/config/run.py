@@ -22,6 +22,7 @@ from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.reporting import Report, Severity, report_to_stderr
 from fdl_tasks.core.said_notes import cluster_digest, notes_file, parse_state, state_text, to_say
+from fdl_tasks.core.standbys import Standbys
 from fdl_tasks.core.timeline import Timeline
 
 
@@ -40,6 +41,8 @@ class Run:
     by_hostname: bool = False
     #: ``--timings``: where each step records its spans (``None``: not asked for).
     timeline: Timeline | None = None
+    #: A ``--watch`` session's builds started ahead in their warm containers.
+    standbys: Standbys | None = None
 
     @classmethod
     def start(

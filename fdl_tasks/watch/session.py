@@ -21,6 +21,7 @@ from fdl_tasks.config.run import Run
 from fdl_tasks.core.errors import FdlError, LeftRunning, Stopped, StoppedLeftRunning
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
 from fdl_tasks.core.reporting import Severity
+from fdl_tasks.core.standbys import Standbys
 from fdl_tasks.preflight.probe import HostVerdict
 from fdl_tasks.publish import pipeline
 from fdl_tasks.publish.envelope import hand_over, published_path
@@ -44,6 +45,9 @@ class Session:
     """One ``prebuild --watch``: what the last cycle left, and what the next one needs."""
 
     def __init__(self, run: Run, command: str, crate: str, as_json: bool) -> None:
+        #: The next cycle's builds, started in their warm containers after each cycle.
+        self.standbys = Standbys(run.c)
+        run = attrs.evolve(run, standbys=self.standbys)
         self.run, self.command, self.crate, self.as_json = run, command, crate, as_json
         self.files = WatchFiles(run.root, command)
         self.state_file = StateFile(self.files, run.report)
@@ -176,6 +180,7 @@ class Session:
         batch: dict[str, ChangeKind] = {}
         while True:
             self.run_cycle(batch)
+            self.standbys.refill()
             self.watcher.scope = self.survey()
             self.watcher.finish()
             self.watcher.rewatch(catch_up=True)  # what changed unwatched is pending now
@@ -188,6 +193,7 @@ class Session:
         return stopped_line(self.command, self.cycle, building, published, self.last_ok is True)
 
     def close(self) -> None:
+        self.standbys.close()
         self.watcher.stop()
         self.state_file.remove()
 

@@ -9,6 +9,7 @@ between two prebuilds starts a new one and says so.
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
 import subprocess
@@ -21,11 +22,13 @@ import pytest
 from fdl_tasks.build.docker_tools import remove_containers
 from fdl_tasks.build.warm_containers import WARM_IMAGE_LABEL, WARM_LABEL
 from fdl_tasks.core.binary_files import file_sha256
+from fdl_tasks.publish.envelope import decode
 from rig.docker_builder import BUILDER_IMAGE
 from rig.faults import PrivateDockerd, private_dockerd
-from rig.harness import RigCluster, containers, prebuild_args, start_rig
+from rig.harness import RigCluster, Running, containers, prebuild_args, start_rig
 from rig.project import write_compose_file
 from rig.sshrig import HostSpec
+from tests.rig.test_watch import set_rev
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
 
@@ -267,3 +270,64 @@ def test_a_timeout_kills_the_build_inside_the_container(rig: RigCluster) -> None
     for name in names:
         left = [p for p in processes(name) if re.search(r"cargo|rustc|build-script", p)]
         assert left == [], (name, left)
+
+
+def standbys(name: str) -> list[str]:
+    """The pids of the docker execs waiting in a container for a build (``STANDBY``)."""
+    script = (
+        "for p in /proc/[0-9]*; do [ ${p#/proc/} = $$ ] && continue; "
+        "grep -q 'argv=.(cat)' $p/cmdline 2>/dev/null && echo ${p#/proc/}; done; true"
+    )
+    done = subprocess.run(
+        ["docker", "exec", name, "sh", "-c", script], capture_output=True, text=True, check=True
+    )
+    return sorted(done.stdout.split())
+
+
+def revs_published(rig: RigCluster) -> set[str]:
+    """What every host's published binary prints after ``rev=``, run over its own sshd."""
+    envelopes = decode((rig.project / ENVELOPE).read_text(), "envelope")
+    return {
+        rig.run_on_host(host, str(rig.project), entry).rsplit("rev=", 1)[-1]
+        for host, entry in envelopes.items()
+    }
+
+
+def test_a_watch_cycle_builds_in_the_docker_exec_the_last_one_left_waiting(rig: RigCluster) -> None:
+    """After each cycle, a watch leaves a docker exec waiting in each warm container; the
+    next cycle's build runs in it (the waiting process becomes the build: gone after it,
+    a new one waiting), and every host runs the edit. One killed by hand is no harm: the
+    build runs as a docker exec of its own. A stop leaves neither container nor exec."""
+    path = cluster_file(rig, "standby.yaml")
+    (rig.project / ENVELOPE).unlink(missing_ok=True)
+    set_rev(rig, "s0")
+    run = rig.background(*prebuild_args(path, "--watch"))
+    try:
+        done = 1
+        run.wait_for(lambda: cycle_ok(run, done), timeout=180)
+        names = warm(rig)
+        assert len(names) == 3
+        run.wait_for(lambda: all(len(standbys(n)) == 1 for n in names), timeout=60)
+        for rev in ("s1", "s2"):
+            before = {n: standbys(n) for n in names}
+            if rev == "s2":  # killed by hand: the cycle's builds run as docker execs
+                for name, pids in before.items():
+                    kill = ["sh", "-c", 'kill -KILL "$@"', "sh", *pids]
+                    subprocess.run(["docker", "exec", name, *kill], check=True)
+                time.sleep(1)  # their docker clients, told by the daemon, have ended
+            set_rev(rig, rev)
+            done += 1
+            run.wait_for(functools.partial(cycle_ok, run, done), timeout=120)
+            assert revs_published(rig) == {rev}
+            assert warm(rig) == names
+            run.wait_for(lambda: all(len(standbys(n)) == 1 for n in names), timeout=60)
+            assert all(standbys(n) != before[n] for n in names)
+        run.process.send_signal(signal.SIGINT)
+        assert run.finish(timeout=60) == 130, run.stderr
+        assert warm(rig, running=False) == []
+    finally:
+        set_rev(rig, "0")
+
+
+def cycle_ok(run: Running, number: int) -> bool:
+    return any(line.startswith(f"watch: cycle {number} ok") for _, line in list(run.lines))

@@ -32,7 +32,7 @@ from fdl_tasks.build.docker_tools import (
     service_images,
     user_ids,
 )
-from fdl_tasks.build.warm_containers import Start, exec_line
+from fdl_tasks.build.warm_containers import Start
 from fdl_tasks.cache.compile_cache import CONTAINER_SCCACHE, CompileCache, with_stats
 from fdl_tasks.config.model import Arch, BuildMode, ComposeService, Controller, CrossSetup
 from fdl_tasks.config.names import join_path
@@ -237,7 +237,9 @@ class ComposeBackend(ContainerBackend):
         """A ``docker exec`` in the job's warm container (a ``compose run -d`` of its service,
         found or made here), else a ``compose run --rm`` of its own."""
         if self.warm is not None and (name := self.warm_container(job)):
-            return exec_line(name, compose_command(job, self.controller, self.compose, self.cache))
+            return self.warm.exec_line(
+                name, compose_command(job, self.controller, self.compose, self.cache)
+            )
         return self.cold_line(job, self.run_id)
 
     def warm_container(self, job: BuildJob) -> str | None:

@@ -22,7 +22,6 @@ from fdl_tasks.build.build_argv import (
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.build.build_record import RECORD_RUN_ID, RecordInputs
 from fdl_tasks.build.docker_tools import check_docker, user_ids
-from fdl_tasks.build.warm_containers import exec_line
 from fdl_tasks.cache.compile_cache import (
     CONTAINER_SCCACHE,
     CONTAINER_TARGET,
@@ -253,5 +252,5 @@ class DockerRunBackend(ContainerBackend):
             image = job.build.environment.toolchain
             name = self.warm.container_for(job.name, image, self.image_ids.get(image), options)
             if name is not None:
-                return exec_line(name, build_command(job, self.cache))
+                return self.warm.exec_line(name, build_command(job, self.cache))
         return docker_line(job, self.controller, self.docker, self.run_id, self.user, self.cache)

@@ -1,0 +1,154 @@
+"""Commands started ahead of their need, each waiting on its stdin for what it will run.
+
+Starting a ``docker exec`` costs ~70 ms and as much CPU (the client, the daemon,
+runc) before its command runs; three builds at once on two cores pay it beside
+their compilers. A process that has already started and only waits for its
+command costs nothing then. A ``--watch`` session starts them after each cycle,
+while the user is editing, so the next cycle's builds only write their command.
+
+Nothing here knows what the commands are: the warm build containers offer each
+build's line with the standby that can run it
+(:meth:`~fdl_tasks.build.warm_containers_io.WarmContainers.exec_line`).
+A standby closed without a command exits 0 having run nothing, so nothing is
+left behind: when the process holding it ends, its stdin closes too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+from typing import Any, Protocol
+
+import attrs
+from invoke.context import Context
+
+#: Seconds a closed standby has to end before it is killed.
+CLOSE_SECONDS = 10
+
+
+class Output(Protocol):
+    def write(self, text: str, /) -> Any: ...
+
+    def flush(self) -> Any: ...
+
+
+class Relay:
+    """An output stream whose destination is set when its command is known; what a
+    standby says before that (a docker client's error as it dies) goes nowhere."""
+
+    def __init__(self) -> None:
+        self.target: Output | None = None
+
+    def write(self, text: str) -> None:
+        if self.target is not None:
+            self.target.write(text)
+
+    def flush(self) -> None:
+        if self.target is not None:
+            self.target.flush()
+
+
+@attrs.frozen
+class Offer:
+    """A line that may run in a standby: ``key`` names the standby (its container),
+    ``standby`` starts one, ``text`` is what the line runs, written to its stdin."""
+
+    key: str
+    standby: str
+    text: str
+
+
+@attrs.define
+class _Waiting:
+    promise: Any  # invoke's Promise
+    relay: Relay
+
+
+class Standbys:
+    """One session's standbys, at most one waiting per key. Thread-safe: builds take
+    theirs side by side."""
+
+    def __init__(self, c: Context) -> None:
+        self.c = c
+        self._offers: dict[str, Offer] = {}
+        #: Keys a build used, with their standby's line: :meth:`refill` starts these.
+        self._wanted: dict[str, str] = {}
+        self._waiting: dict[str, _Waiting] = {}
+        self._lock = threading.Lock()
+
+    def offer(self, line: str, offer: Offer) -> None:
+        """``line`` may run as ``offer.text`` written to a standby of ``offer.key``."""
+        with self._lock:
+            self._offers[line] = offer
+
+    def start(self, line: str, stream: Output) -> Any | None:
+        """``line``'s command, started in the standby waiting for it, its output to
+        ``stream``: the running promise, or ``None`` when none waits (run ``line``)."""
+        with self._lock:
+            offer = self._offers.get(line)
+            if offer is None:
+                return None
+            self._wanted[offer.key] = offer.standby
+            waiting = self._waiting.pop(offer.key, None)
+        if waiting is None:
+            return None
+        runner = waiting.promise.runner
+        waiting.relay.target = stream
+        try:
+            if runner.process_is_finished:
+                raise BrokenPipeError
+            runner.write_proc_stdin(offer.text)
+            runner.close_proc_stdin()
+        except OSError:  # it ended before its command (its container went): run ``line``
+            waiting.relay.target = None
+            _end(waiting)
+            return None
+        return waiting.promise
+
+    def refill(self) -> None:
+        """A standby for every key a build used, where none waits. A key whose standby
+        ended unused (its container stopped or was replaced) is forgotten."""
+        with self._lock:
+            for key, standby in list(self._wanted.items()):
+                waiting = self._waiting.get(key)
+                if waiting is not None and waiting.promise.runner.process_is_finished:
+                    del self._waiting[key], self._wanted[key]
+                    _end(waiting)
+                elif waiting is None:
+                    relay = Relay()
+                    promise = self.c.run(
+                        standby,
+                        asynchronous=True,
+                        warn=True,
+                        hide=False,
+                        pty=False,
+                        in_stream=False,
+                        out_stream=relay,
+                        err_stream=relay,
+                    )
+                    self._waiting[key] = _Waiting(promise, relay)
+
+    def close(self) -> None:
+        """Every waiting standby told there is nothing to run: each exits at once."""
+        with self._lock:
+            waiting, self._waiting = list(self._waiting.values()), {}
+            self._wanted.clear()
+        for one in waiting:
+            with contextlib.suppress(OSError):
+                one.promise.runner.close_proc_stdin()
+        for one in waiting:  # a docker client that hangs is not waited for
+            process = one.promise.runner.process
+            try:
+                process.wait(CLOSE_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            one.promise.join()
+
+
+def _end(waiting: _Waiting) -> None:
+    """Join a standby that has ended: its stdin closed first, so that nothing it left
+    (a ``cat`` whose shell was killed) holds its output open."""
+    with contextlib.suppress(OSError):
+        waiting.promise.runner.close_proc_stdin()
+    waiting.promise.join()

@@ -1,0 +1,127 @@
+"""Standbys for real: processes started ahead, each waiting on its stdin for its command.
+
+The standby here is :data:`~fdl_tasks.build.warm_containers.STANDBY` run by this
+machine's ``sh`` (a warm container runs it through ``docker exec -i``, which the
+rig's ``test_warm.py`` covers), so the script, the quoting and the
+:class:`~fdl_tasks.core.standbys.Standbys` bookkeeping are the real ones.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from invoke.context import Context
+
+from fdl_tasks.build.warm_containers import STANDBY
+from fdl_tasks.core.standbys import Offer, Standbys
+
+STANDBY_LINE = shlex.join(["sh", "-c", STANDBY])
+
+
+def offered(standbys: Standbys, argv: list[str], key: str = "k") -> str:
+    """A line the standbys of ``key`` may run (the line itself runs ``argv`` too)."""
+    line = shlex.join(argv)
+    standbys.offer(line, Offer(key, STANDBY_LINE, line))
+    return line
+
+
+def waiting(standbys: Standbys, key: str = "k") -> int:
+    """The pid of the standby waiting for ``key`` (the shell running the script)."""
+    pid = standbys._waiting[key].promise.runner.process.pid
+    return int(pid)
+
+
+def test_a_line_with_no_standby_waiting_is_left_to_run_itself() -> None:
+    standbys = Standbys(Context())
+    assert standbys.start("echo never", io.StringIO()) is None  # never offered
+    line = offered(standbys, ["echo", "x"])
+    assert standbys.start(line, io.StringIO()) is None  # offered, none started yet
+    standbys.close()
+
+
+def test_the_next_build_runs_in_the_standby_its_last_one_left(tmp_path: Path) -> None:
+    """Once a key was used, :meth:`refill` starts its standby; the next start writes the
+    argv (spaces, quotes, a newline, a dollar) and the standby runs exactly it: its
+    output goes to the build's stream, its exit status is the command's."""
+    standbys = Standbys(Context())
+    script = 'printf "%s|" "$@"; echo; echo to-stderr >&2; exit 3'
+    argv = ["sh", "-c", script, "sh", "a b", "it's", "two\nlines", "$HOME"]
+    line = offered(standbys, argv)
+    assert standbys.start(line, io.StringIO()) is None
+    standbys.refill()
+    pid = waiting(standbys)
+    time.sleep(0.2)
+    os.kill(pid, 0)  # waiting, not ended
+    stream = io.StringIO()
+    promise = standbys.start(line, stream)
+    assert promise is not None
+    result = promise.join()
+    assert result.exited == 3
+    assert stream.getvalue().splitlines()[0] == "a b|it's|two\nlines|$HOME|".splitlines()[0]
+    assert "two\nlines|$HOME|" in stream.getvalue()
+    assert "to-stderr" in stream.getvalue()
+    assert standbys.start(line, io.StringIO()) is None  # used: none waits until a refill
+    standbys.refill()
+    assert waiting(standbys) != pid
+    standbys.close()
+
+
+def test_a_standby_closed_unused_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    standbys = Standbys(Context())
+    line = offered(standbys, ["touch", str(marker)])
+    standbys.start(line, io.StringIO())
+    standbys.refill()
+    process = standbys._waiting["k"].promise.runner.process
+    standbys.close()
+    assert process.poll() == 0
+    assert not marker.exists()
+
+
+def test_a_standby_that_died_is_replaced_by_the_line_and_then_forgotten(tmp_path: Path) -> None:
+    """Killed (its container removed, a stop of another run): the build runs its own line;
+    a standby that ended unused is not started again until a build uses its key."""
+    marker = tmp_path / "ran"
+    standbys = Standbys(Context())
+    line = offered(standbys, ["touch", str(marker)])
+    standbys.start(line, io.StringIO())
+    standbys.refill()
+    process = standbys._waiting["k"].promise.runner.process
+    process.kill()
+    process.wait()
+    assert standbys.start(line, io.StringIO()) is None
+    assert not marker.exists()
+    standbys.refill()  # wanted again by that start: a new one
+    second = standbys._waiting["k"].promise.runner.process
+    second.kill()
+    second.wait()
+    standbys.refill()  # ended unused: forgotten
+    assert "k" not in standbys._waiting
+    standbys.refill()
+    assert "k" not in standbys._waiting
+    standbys.close()
+
+
+def test_a_shell_without_cat_ends_its_standby_at_once(tmp_path: Path) -> None:
+    """The script reads its argv with ``cat``; an image without it never runs a build
+    from an empty argv: the standby ends, and the build runs as a plain docker exec."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "sh").symlink_to("/bin/sh")
+    done = subprocess.run(
+        ["/bin/sh", "-c", STANDBY],
+        input="touch never\n",
+        env={"PATH": str(bare)},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=10,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert not (tmp_path / "never").exists()
