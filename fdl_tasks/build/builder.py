@@ -34,7 +34,7 @@ from fdl_tasks.cache.cache_stats import read_stats
 from fdl_tasks.cargo.manifests import changed_since
 from fdl_tasks.config.layout import MARKER_FILE
 from fdl_tasks.config.variants import libtorch_dir
-from fdl_tasks.core.atomic_files import copy_atomically, log_tail
+from fdl_tasks.core.atomic_files import SECOND_NS, copy_atomically, log_tail
 from fdl_tasks.core.binary_files import BinaryFacts, file_sha256, readable_facts
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
 from fdl_tasks.core.standbys import Standbys
@@ -169,7 +169,7 @@ class Builder:
             record = check.record
             facts, tree = (record.built, tree_digest(record)) if record else (None, "")
             return self._succeeded(job, started, facts, tree=tree, rebuilt=False, skipped=True)
-        before = _size_and_mtime(built)
+        before = _binary_state(built)
         log_path = self.root / job.log_file
         with log_path.open("w", encoding="utf-8") as log:
             stream = self.view.output(job, log)
@@ -223,7 +223,7 @@ class Builder:
             return JobResult(
                 job=job, ok=False, seconds=seconds, detail=problem, exit_code=code, log_tail=tail
             )
-        rebuilt = _size_and_mtime(built) != before
+        rebuilt = _binary_state(built) != before
         facts = readable_facts(built)  # verification compares with them; the record keeps them
         if not (self.records and check):
             return self._succeeded(job, started, facts, rebuilt=rebuilt)
@@ -267,13 +267,16 @@ class Builder:
         self._left(self.backend.stop_job(job, process))
 
 
-def _size_and_mtime(path: Path) -> tuple[int, int] | None:
-    """Size and modification time: cargo rewrites a binary only when it relinks it."""
+def _binary_state(path: Path) -> tuple[int, int, str] | None:
+    """Size, modification time and, when that time is in whole seconds, the sha256: cargo
+    rewrites a binary only when it relinks it, and on such a mount (SSHFS) a relink in
+    the second of the last one, at the same size, shows the same stat."""
     try:
         stat = path.stat()
+        coarse = stat.st_mtime_ns % SECOND_NS == 0
+        return stat.st_size, stat.st_mtime_ns, file_sha256(path) if coarse else ""
     except FileNotFoundError:
         return None
-    return stat.st_size, stat.st_mtime_ns
 
 
 def _marked_arch(marker: Path) -> object:

@@ -117,6 +117,10 @@ def test_a_save_in_the_second_of_the_build_through_sshfs(view: tuple[RigCluster,
         done = rig.inv(*args, env=ENV)
         assert done.returncode == 0, done.stderr
         assert printed(rig) == saved_rev, done.stderr
+        # and the summary says so: a relink in the second of the last, at the same size,
+        # shows the same stat through the mount
+        row = next(line for line in done.stderr.splitlines() if line.startswith("sf1 "))
+        assert " rebuilt " in row, done.stderr
         if cargo_fresh:  # cargo's mtime rule alone would have kept the first save's binary
             landed = True
             break
