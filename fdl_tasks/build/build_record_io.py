@@ -39,7 +39,14 @@ from fdl_tasks.build.build_record import (
     reused_digest,
     verdict,
 )
-from fdl_tasks.build.record_attempt import attempt_from, attempt_json
+from fdl_tasks.build.record_attempt import attempt_json
+from fdl_tasks.build.record_files import (
+    RECORD_NAME,
+    attempt_file,
+    file_stats,
+    read_record,
+    record_file,
+)
 from fdl_tasks.build.record_plan import look_plan
 from fdl_tasks.build.unit_reads import unit_reads
 from fdl_tasks.config.layout import MARKER_FILE
@@ -50,38 +57,6 @@ from fdl_tasks.core.errors import FdlError
 from fdl_tasks.tree.scan import entry_of, scan
 from fdl_tasks.tree.scope import Scope, under
 from fdl_tasks.tree.snapshot import Entry, Snapshot
-
-#: A record's file name in its target dir, of a command; its attempt's beside it.
-RECORD_NAME, ATTEMPT_NAME = ".fdl-record-{}.json", ".fdl-attempt-{}.json"
-
-
-def record_file(root: Path, job: BuildJob) -> Path:
-    """One record per command in each target dir (a target dir builds every command)."""
-    return root / job.target_dir / RECORD_NAME.format(job.build.command)
-
-
-def attempt_file(record: Path) -> Path:
-    """The attempt of the record at ``record``: the look of a build since that did not
-    end well (:attr:`BuildRecord.attempt`)."""
-    prefix, suffix = RECORD_NAME.split("{}")
-    return record.with_name(ATTEMPT_NAME.format(record.name[len(prefix) : -len(suffix)]))
-
-
-def read_record(path: Path) -> BuildRecord | None:
-    """The record at ``path`` with its attempt, if any; ``None`` for no record it can trust
-    (none, torn, of another version, not UTF-8, its attempt unreadable)."""
-    try:
-        record = BuildRecord.from_json(path.read_text(encoding="utf-8"))
-        if record is None:
-            return None
-        try:
-            text = attempt_file(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return record
-        attempt = attempt_from(text, record)
-    except (OSError, ValueError):
-        return None
-    return attrs.evolve(record, attempt=attempt) if attempt else record
 
 
 @attrs.frozen
@@ -96,6 +71,21 @@ class Check:
     record: BuildRecord | None = None
     #: What the units named as the look was taken (it read each of them by content).
     reads: frozenset[str] = frozenset()
+
+
+@attrs.frozen
+class Seen:
+    """What a check read, before it acts: the inputs it was ``asked`` with and the record's
+    and attempt's files (``files``) as it found them, which a later check must find too."""
+
+    asked: RecordInputs
+    files: tuple[tuple[int, int, int] | None, ...]
+    on_disk: BuildRecord | None
+    record: BuildRecord | None
+    inputs: RecordInputs
+    look: Snapshot
+    reads: frozenset[str]
+    found: Freshness
 
 
 class Records:
@@ -121,6 +111,8 @@ class Records:
         #: One look at a time: looks side by side only take turns with the interpreter's
         #: lock, at every stat, and every build's cargo would start later.
         self._one_look = threading.Lock()
+        #: Job name → what :meth:`look_ahead` saw.
+        self._ahead: dict[str, Seen] = {}
 
     def check(self, job: BuildJob) -> Check:
         """What ``job``'s build must do. A unit that read a file changed by content has
@@ -129,11 +121,36 @@ class Records:
         of another version), every unit that read the project is forced. The record stays
         until the next good build replaces it, with this build's look as an attempt: a
         failed or stopped build may have compiled what it saw, so the next build compares
-        with both."""
+        with both. What :meth:`look_ahead` saw is taken while the record's files are as
+        they were then."""
         inputs = self.inputs(job)
-        if not self.skip:
-            inputs = attrs.evolve(inputs, identity=None)
         path = record_file(self.root, job)
+        seen = self._ahead.pop(job.name, None)
+        if seen is None or seen.asked != inputs or seen.files != file_stats(path):
+            seen = self._see(job, inputs, path)
+        found, record = seen.found, seen.record
+        if not found.fresh:
+            if record is not None and path.exists():  # until this build ends well
+                attempt = attempt_json(record, _union(record.attempt, seen.look))
+                with contextlib.suppress(FdlError):
+                    write_atomically(attempt_file(path), attempt)
+            self.force(job, found.forced)
+        on_disk = seen.on_disk if found.fresh else None
+        return Check(found, seen.look, seen.inputs, on_disk, seen.reads)
+
+    def look_ahead(self, job: BuildJob) -> None:
+        """Beside preflight, before the project lock: what :meth:`check` reads (the record,
+        the look, the verdict), kept for it; nothing written. A look taken earlier is
+        never less safe: whatever changes after it differs from it at the next check.
+        Not for a command's first build in its target dir (it reads other records)."""
+        path = record_file(self.root, job)
+        if path.exists():
+            self._ahead[job.name] = self._see(job, self.inputs(job), path)
+
+    def _see(self, job: BuildJob, asked: RecordInputs, path: Path) -> Seen:
+        """What a check reads, before it acts on it."""
+        inputs = asked if self.skip else attrs.evolve(asked, identity=None)
+        files = file_stats(path)
         record = on_disk = read_record(path)  # a fresh build keeps it as it is on disk
         identity = inputs.identity
         if record is None and not path.exists():  # this command's first build here
@@ -152,13 +169,7 @@ class Records:
             found = Freshness(False, tuple(sorted(unit for unit, paths in units.items() if paths)))
         else:
             found = verdict(record, identity, look, _entry(self.root / job.built_binary))
-        if not found.fresh:
-            if record is not None and path.exists():  # until this build ends well
-                attempt = attempt_json(record, _union(record.attempt, look))
-                with contextlib.suppress(FdlError):
-                    write_atomically(attempt_file(path), attempt)
-            self.force(job, found.forced)
-        return Check(found, look, inputs, on_disk if found.fresh else None, reads)
+        return Seen(asked, files, on_disk, record, inputs, look, reads, found)
 
     def nearest(self, job: BuildJob) -> BuildRecord | None:
         """The newest record another command's good build left in ``job``'s target dir:

@@ -111,9 +111,12 @@ def build_records(run: Run, backend: Backend) -> Records | None:
     )
 
 
-def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[JobResult]:
+def run_builds(
+    run: Run, backend: Backend, jobs: Sequence[BuildJob], records: Records | None = None
+) -> list[JobResult]:
     """Every build to its end (the backend checked them already), or every command
-    printed under ``inv --dry``; raises :class:`FdlError` with every failure."""
+    printed under ``inv --dry``; raises :class:`FdlError` with every failure. ``records``:
+    the run's (:func:`build_records`), made here if not given."""
     settings = run.settings
     if run.timeline is not None:  # cargo's own report of each build, linked from the page
         jobs = [attrs.evolve(job, build=attrs.evolve(job.build, timings=True)) for job in jobs]
@@ -129,7 +132,7 @@ def run_builds(run: Run, backend: Backend, jobs: Sequence[BuildJob]) -> list[Job
             timeout=settings.build_timeout,
             jobs=at_once,
             view=view,
-            records=build_records(run, backend),
+            records=records or build_records(run, backend),
             standbys=run.standbys,
         )
         if run.dry:

@@ -7,7 +7,7 @@ import platform
 import shlex
 import socket
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -152,7 +152,13 @@ def cross_cpu_archs(run: Run, verdicts: Sequence[HostVerdict] = ()) -> dict[str,
 
 
 def run_preflight(
-    run: Run, fleet: Fleet, backend: Backend, *, abi: bool, crate: str | None = None
+    run: Run,
+    fleet: Fleet,
+    backend: Backend,
+    *,
+    abi: bool,
+    crate: str | None = None,
+    beside: Callable[[], object] | None = None,
 ) -> list[HostVerdict]:
     """Every host's verdict: the controller first, then remotes in cluster.yaml order.
 
@@ -160,6 +166,8 @@ def run_preflight(
     variants, the build tool, images, a cross target's ``std``) overlap the ssh
     probe and end up as errors of the controller's verdict. They assume the pinned
     CPU architectures; a host whose probe says otherwise has them asked again.
+    ``beside`` runs after those checks found nothing, while the probe goes on
+    (a prebuild's looks); preflight ends when it has.
     """
     remotes, source = run.remotes, run.cluster.source
     unknown_labels(run.settings.gateways, [w.host for w in run.cluster.workers])
@@ -171,9 +179,10 @@ def run_preflight(
     builds = remotes if abi else ()
     cross = run.cluster.controller.cross
     pinned = {h: c for h, c in cross_cpu_archs(run).items() if c in cross}
-    with ThreadPoolExecutor(2) as side:
+    with ThreadPoolExecutor(3) as side:
         checked = side.submit(controller_problems, run.root, source, backend, builds, pinned)
         loopback = side.submit(controller_loopback, run.cluster, remotes)
+        ahead = side.submit(lambda: checked.result() or (beside and beside()))
         with step(run, "preflight", run.controller):
             local = probe_controller(run.cluster, run.controller, run.settings)
         with round_trips(run, fleet, "preflight"):
@@ -181,6 +190,7 @@ def run_preflight(
                 fleet, remotes, run.settings, abi, cross, run.root, crate, source
             )
         problems = checked.result()
+        ahead.result()
     probed = {h: c for h, c in cross_cpu_archs(run, verdicts).items() if c in cross}
     if abi and probed != pinned:
         problems = controller_problems(run.root, source, backend, builds, probed)

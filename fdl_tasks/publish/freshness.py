@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from fdl_tasks.build.build_record import VERSION, first_changed, named, reused_digest, tree_digest
-from fdl_tasks.build.build_record_io import read_record, record_file
 from fdl_tasks.build.build_results import JobResult
+from fdl_tasks.build.record_files import read_record, record_file
 from fdl_tasks.config.layout import sources_file
 from fdl_tasks.core.atomic_files import text_or_empty, write_atomically
 from fdl_tasks.core.errors import FdlError

@@ -9,7 +9,6 @@ environment.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,11 +19,11 @@ import fdl_tasks.publish.envelope as envelope
 from fdl_tasks.build.backends.protocol import Backend
 from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_environment import BuildJob
-from fdl_tasks.build.build_plan import plan_builds
+from fdl_tasks.build.build_record_io import Records
 from fdl_tasks.build.build_results import JobResult, settled
-from fdl_tasks.build.build_step import run_backend, run_builds
-from fdl_tasks.build.readiness import NOTHING_BUILT, crate_missing, root_missing
-from fdl_tasks.build.readiness_io import require_ready, variant_problem
+from fdl_tasks.build.build_step import build_records, run_backend, run_builds
+from fdl_tasks.build.readiness import crate_missing, root_missing
+from fdl_tasks.build.readiness_io import require_ready
 from fdl_tasks.config.layout import LOCK_FILE
 from fdl_tasks.config.model import Worker
 from fdl_tasks.config.names import check_crate_dir
@@ -34,18 +33,15 @@ from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.locks import project_lock
 from fdl_tasks.core.reporting import Severity
 from fdl_tasks.gpu.auto_arch import AUTO
-from fdl_tasks.preflight.gpu_gate import with_chosen_archs
-from fdl_tasks.preflight.login_verdicts import preflight_error
 from fdl_tasks.preflight.preflight import cross_cpu_archs, dry_run_lines, run_preflight
 from fdl_tasks.preflight.probe import HostVerdict
-from fdl_tasks.preflight.probe_report import note_lines, report_lines
 from fdl_tasks.publish.delivery import copy_hosts
 from fdl_tasks.publish.delivery_io import copy_step
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.freshness import write_sources
+from fdl_tasks.publish.planning import plan, probe_and_plan, report_preflight
 from fdl_tasks.publish.verification_io import (
     Verification,
-    require_one_reached,
     require_verification_possible,
     verify_hosts,
 )
@@ -65,23 +61,6 @@ class Publication:
     verification: Verification | None
     #: The preflight verdicts the builds were planned from (this run's, or those handed in).
     verdicts: tuple[HostVerdict, ...] = ()
-
-
-def report_preflight(
-    run: Run, verdicts: Sequence[HostVerdict], as_json: bool, *, building: bool = False
-) -> None:
-    """Problems, the notes not said already (:meth:`Run.notes_to_say`) and a summary; an
-    error on any host stops everything (before any build, said when ``building``)."""
-    notes = run.notes_to_say("preflight", note_lines(verdicts))
-    for line, severity in report_lines(verdicts, notes):
-        run.report(line, severity)
-    if as_json:
-        print(json.dumps([v.to_json() for v in verdicts], indent=2))
-    if failed := [v for v in verdicts if v.status == "error"]:
-        then = f"; {NOTHING_BUILT}" if building else ""
-        raise preflight_error(failed)(
-            f"preflight found errors on {', '.join(v.host for v in failed)}{then}"
-        )
 
 
 def preflight(run: Run, *, abi: bool, as_json: bool = False) -> list[HostVerdict]:
@@ -114,28 +93,6 @@ def resolve_crate_dir(run: Run, option: str | None, command: str) -> str:
     return relative
 
 
-def plan(
-    run: Run,
-    backend: Backend,
-    workers: Sequence[Worker],
-    command: str,
-    crate: str,
-    cpu_archs: Mapping[str, str],
-) -> list[BuildJob]:
-    """The builds, and every variant they link checked on the controller before any runs."""
-    if auto := [w.host for w in workers if w.arch == AUTO]:
-        raise FdlError(
-            f"arch: auto on {', '.join(auto)} is chosen from preflight's probe, which "
-            "inv --dry does not make: run inv prebuild, or set 'arch'"
-        )
-    shared = run.settings.shared_builds
-    jobs = plan_builds(workers, backend, command, crate, shared, cpu_archs=cpu_archs)
-    missing = variant_problem(run.root, {h: j.build.environment for j in jobs for h in j.hosts})
-    if missing:
-        raise FdlError(f"{missing}\n{NOTHING_BUILT}")
-    return jobs
-
-
 def prebuild(
     run: Run, command: str, crate: str, *, probe: bool = True, known: Sequence[HostVerdict] = ()
 ) -> Publication | None:
@@ -160,37 +117,25 @@ def prebuild(
             run.report(line)
         run_builds(run, backend, jobs)
         return None
+    records = build_records(run, backend)
     with Fleet(run.remotes, run.settings, run.report) as fleet:
         if probe:
-            run, jobs, verdicts = probe_and_plan(run, fleet, backend, command, crate)
+            run, jobs, verdicts = probe_and_plan(run, fleet, backend, command, crate, records)
         else:
             jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
             require_ready(run.root, backend, jobs)
-        published = build_and_publish(run, fleet, backend, jobs, command, crate)
+        published = build_and_publish(run, fleet, backend, jobs, command, crate, records)
         return attrs.evolve(published, verdicts=tuple(verdicts))
 
 
-def probe_and_plan(
-    run: Run, fleet: Fleet, backend: Backend, command: str, crate: str
-) -> tuple[Run, list[BuildJob], list[HostVerdict]]:
-    """Preflight of the run's remote hosts, then the builds planned from what it found:
-    the CPU architectures it read, each ``arch: auto`` host's choice (the run returned
-    carries it, exactly as if written in the cluster file), checked on the controller
-    then, since preflight could not know it."""
-    verdicts = run_preflight(run, fleet, backend, abi=True, crate=crate)
-    report_preflight(run, verdicts, as_json=False, building=True)
-    require_one_reached(run, verdicts)
-    auto = any(w.arch == AUTO for w in run.remotes)
-    if auto:
-        run = attrs.evolve(run, cluster=with_chosen_archs(run.cluster, verdicts))
-    jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, verdicts))
-    if auto:
-        require_ready(run.root, backend, jobs)
-    return run, jobs, verdicts
-
-
 def build_and_publish(
-    run: Run, fleet: Fleet, backend: Backend, jobs: list[BuildJob], command: str, crate: str
+    run: Run,
+    fleet: Fleet,
+    backend: Backend,
+    jobs: list[BuildJob],
+    command: str,
+    crate: str,
+    records: Records | None = None,
 ) -> Publication:
     """The one publish path (prebuild, build-host, each watch cycle), under the project lock:
     read the merge base, withdraw the command's envelope, build, verify, merge, publish.
@@ -221,7 +166,7 @@ def build_and_publish(
         # The hosts that will be asked log in while cargo works.
         copies = {w.host for w in copy_hosts(run.cluster, run.remotes)}
         with fleet.opening(h for h in envelopes if run.settings.verify or h in copies):
-            results = run_builds(run, backend, jobs)
+            results = run_builds(run, backend, jobs, records)
         try:  # the builds' records are being written meanwhile
             built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
             digests = {run.root / r.job.built_binary: r.sha256 for r in results}

@@ -32,9 +32,10 @@ from fdl_tasks.build.build_record import (
     tree_digest,
     verdict,
 )
-from fdl_tasks.build.build_record_io import Records, attempt_file, record_file
+from fdl_tasks.build.build_record_io import Records
 from fdl_tasks.build.build_results import JobResult, settled
 from fdl_tasks.build.record_attempt import attempt_from, attempt_json
+from fdl_tasks.build.record_files import attempt_file, record_file
 from fdl_tasks.build.record_plan import MOUNT_BUDGET
 from fdl_tasks.cargo.cargo_outputs import dep_info_paths, rerun_paths
 from fdl_tasks.config.layout import MARKER_FILE
@@ -448,6 +449,39 @@ def test_fresh_until_something_it_reads_changes(tmp_path: Path) -> None:
     assert not check.verdict.fresh and check.verdict.forced == ()
     assert record_file(tmp_path, job).exists()  # the last good build's, until the next
     assert fingerprint(tmp_path, job, "util-0002").is_dir()
+
+
+def test_a_look_taken_ahead_is_the_checks_while_the_record_stays(tmp_path: Path) -> None:
+    """Beside preflight, nothing written: the check takes that look (a save made after it
+    is this run's to miss, as if made after the command started its builds), and the
+    next run's check sees the save."""
+    job = project(tmp_path)
+    built(tmp_path, job)
+    keeper = records(tmp_path)
+    forced = fingerprint(tmp_path, job, "ddp-bench-0001")
+    keeper.look_ahead(job)
+    assert not attempt_file(record_file(tmp_path, job)).exists() and forced.is_dir()
+    (tmp_path / "ddp-bench/src/main.rs").write_text("fn main() { saved_after(); }\n")
+    assert keeper.check(job).verdict.fresh
+    after = records(tmp_path).check(job)
+    assert after.verdict.forced == ("release/.fingerprint/ddp-bench-0001",)
+    assert not forced.exists()
+
+
+def test_a_record_replaced_since_the_look_ahead_is_looked_at_again(tmp_path: Path) -> None:
+    """Another run built meanwhile (the record's file is another): what the look ahead
+    saw (a change, its unit forced) is dropped, and the check compares with the new
+    record: nothing to force, cargo skipped."""
+    job = project(tmp_path)
+    built(tmp_path, job)
+    (tmp_path / "ddp-bench/src/main.rs").write_text("fn main() { edited(); }\n")
+    keeper = records(tmp_path)
+    keeper.look_ahead(job)
+    settle(tmp_path)
+    built(tmp_path, job)  # the other run, under the project lock
+    check = keeper.check(job)
+    assert check.verdict.fresh, check.verdict
+    assert fingerprint(tmp_path, job, "ddp-bench-0001").is_dir()
 
 
 @pytest.mark.parametrize("back_ns", [1_000, -3600 * S], ids=["same-second", "an-hour-back"])
