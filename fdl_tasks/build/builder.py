@@ -37,7 +37,7 @@ from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import SECOND_NS, copy_atomically, log_tail
 from fdl_tasks.core.binary_files import BinaryFacts, file_sha256, readable_facts
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
-from fdl_tasks.core.standbys import Standbys
+from fdl_tasks.core.standbys import Standbys, run_in_background
 
 #: What the board says of a build whose record shows nothing changed.
 UNCHANGED = "unchanged since its last build: cargo not started"
@@ -179,15 +179,7 @@ class Builder:
             # In a watch, a docker exec that waits for this build already (core/standbys.py).
             promise: Any = self.standbys.start(line, stream) if self.standbys else None
             if promise is None:
-                promise = self.c.run(
-                    line,
-                    asynchronous=True,
-                    warn=True,
-                    hide=False,
-                    pty=False,
-                    out_stream=stream,
-                    err_stream=stream,
-                )
+                promise = run_in_background(self.c, line, stream)
             process = promise.runner.process.pid
             with self._lock:
                 self._processes[job.name] = (job, process)

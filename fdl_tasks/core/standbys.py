@@ -49,6 +49,22 @@ class Relay:
             self.target.flush()
 
 
+def run_in_background(c: Context, line: str, output: Output) -> Any:
+    """``line`` started in the background (invoke's promise), stdout and stderr both to
+    ``output``. Its stdin is a pipe of its own: the terminal's keys stay with the user
+    (Ctrl-C stops the run) and a standby gets only what is written to it."""
+    return c.run(
+        line,
+        asynchronous=True,
+        warn=True,
+        hide=False,
+        pty=False,
+        in_stream=False,
+        out_stream=output,
+        err_stream=output,
+    )
+
+
 @attrs.frozen
 class Offer:
     """A line that may run in a standby: ``key`` names the standby (its container),
@@ -117,17 +133,7 @@ class Standbys:
                     _end(waiting)
                 elif waiting is None:
                     relay = Relay()
-                    promise = self.c.run(
-                        standby,
-                        asynchronous=True,
-                        warn=True,
-                        hide=False,
-                        pty=False,
-                        in_stream=False,
-                        out_stream=relay,
-                        err_stream=relay,
-                    )
-                    self._waiting[key] = _Waiting(promise, relay)
+                    self._waiting[key] = _Waiting(run_in_background(self.c, standby, relay), relay)
 
     def close(self) -> None:
         """Every waiting standby told there is nothing to run: each exits at once."""

@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from invoke.context import Context
 
@@ -70,13 +71,18 @@ def test_the_next_build_runs_in_the_standby_its_last_one_left(tmp_path: Path) ->
     standbys.close()
 
 
-def test_a_standby_closed_unused_runs_nothing(tmp_path: Path) -> None:
-    marker = tmp_path / "ran"
+def waiting_to_touch(marker: Path) -> tuple[Standbys, str, Any]:
+    """Standbys with one waiting, to run ``touch marker``: them, the line, its process."""
     standbys = Standbys(Context())
     line = offered(standbys, ["touch", str(marker)])
     standbys.start(line, io.StringIO())
     standbys.refill()
-    process = standbys._waiting["k"].promise.runner.process
+    return standbys, line, standbys._waiting["k"].promise.runner.process
+
+
+def test_a_standby_closed_unused_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    standbys, _, process = waiting_to_touch(marker)
     standbys.close()
     assert process.poll() == 0
     assert not marker.exists()
@@ -86,11 +92,7 @@ def test_a_standby_that_died_is_replaced_by_the_line_and_then_forgotten(tmp_path
     """Killed (its container removed, a stop of another run): the build runs its own line;
     a standby that ended unused is not started again until a build uses its key."""
     marker = tmp_path / "ran"
-    standbys = Standbys(Context())
-    line = offered(standbys, ["touch", str(marker)])
-    standbys.start(line, io.StringIO())
-    standbys.refill()
-    process = standbys._waiting["k"].promise.runner.process
+    standbys, line, process = waiting_to_touch(marker)
     process.kill()
     process.wait()
     assert standbys.start(line, io.StringIO()) is None
