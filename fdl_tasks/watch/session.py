@@ -153,10 +153,12 @@ class Session:
             for line in [*lines, str(exc)]:
                 for part in line.splitlines():
                     self.run.report(part)
+            self.watcher.finish()  # before its last line: a stop after it finds no cycle
             self.run.report(failed_line(self.cycle, time.monotonic() - started, what))
             return
         probed, self.last_ok, self.probe = self.probe and not first, True, False
         if published is None:  # --dry
+            self.watcher.finish()
             return
         hand_over(published.text)
         self.verdicts = published.verdicts
@@ -166,6 +168,7 @@ class Session:
         fresh = sum(1 for r in results if not r.rebuilt)
         verified = verified_text(published.verification)
         seconds = time.monotonic() - started
+        self.watcher.finish()
         self.run.report(cycle_line(self.cycle, seconds, what, rebuilt, fresh, verified, probed))
         if self.as_json:
             print(published.text, flush=True)
@@ -180,11 +183,11 @@ class Session:
         batch: dict[str, ChangeKind] = {}
         while True:
             self.run_cycle(batch)
-            self.standbys.refill()
             self.watcher.scope = self.survey()
-            self.watcher.finish()
             self.watcher.rewatch(catch_up=True)  # what changed unwatched is pending now
             self.write_state()
+            # Once the cycle is over: a save meanwhile is the watcher's, seen once.
+            self.standbys.refill()
             batch = self.watcher.next_batch()
 
     def stopped_message(self) -> str:
