@@ -138,14 +138,17 @@ class Records:
         on_disk = seen.on_disk if found.fresh else None
         return Check(found, seen.look, seen.inputs, on_disk, seen.reads)
 
-    def look_ahead(self, job: BuildJob) -> None:
+    def look_ahead(self, job: BuildJob) -> bool:
         """Beside preflight, before the project lock: what :meth:`check` reads (the record,
         the look, the verdict), kept for it; nothing written. A look taken earlier is
         never less safe: whatever changes after it differs from it at the next check.
-        Not for a command's first build in its target dir (it reads other records)."""
+        Not for a command's first build in its target dir (it reads other records).
+        Whether the build will run cargo, as far as this look can tell."""
         path = record_file(self.root, job)
-        if path.exists():
-            self._ahead[job.name] = self._see(job, self.inputs(job), path)
+        if not path.exists():
+            return True
+        seen = self._ahead[job.name] = self._see(job, self.inputs(job), path)
+        return not seen.found.fresh
 
     def _see(self, job: BuildJob, asked: RecordInputs, path: Path) -> Seen:
         """What a check reads, before it acts on it."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -112,11 +112,16 @@ def build_records(run: Run, backend: Backend) -> Records | None:
 
 
 def run_builds(
-    run: Run, backend: Backend, jobs: Sequence[BuildJob], records: Records | None = None
+    run: Run,
+    backend: Backend,
+    jobs: Sequence[BuildJob],
+    records: Records | None = None,
+    on_built: Callable[[JobResult], object] | None = None,
 ) -> list[JobResult]:
     """Every build to its end (the backend checked them already), or every command
     printed under ``inv --dry``; raises :class:`FdlError` with every failure. ``records``:
-    the run's (:func:`build_records`), made here if not given."""
+    the run's (:func:`build_records`), made here if not given; ``on_built``: handed each
+    build that ended well, as it ends."""
     settings = run.settings
     if run.timeline is not None:  # cargo's own report of each build, linked from the page
         jobs = [attrs.evolve(job, build=attrs.evolve(job.build, timings=True)) for job in jobs]
@@ -134,6 +139,7 @@ def run_builds(
             view=view,
             records=records or build_records(run, backend),
             standbys=run.standbys,
+            on_built=on_built,
         )
         if run.dry:
             for job in jobs:

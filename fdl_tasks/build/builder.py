@@ -14,7 +14,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ class Builder:
     ``jobs`` is how many run at once (:func:`concurrency`); with ``records``, a unit
     that read a file changed by content is rebuilt whatever its mtimes say, and a build
     whose inputs are unchanged since it last succeeded starts no cargo at all.
+    ``on_built`` is handed each build that ended well, as it ends.
     """
 
     def __init__(
@@ -62,10 +63,11 @@ class Builder:
         view: BuildView,
         records: Records | None = None,
         standbys: Standbys | None = None,
+        on_built: Callable[[JobResult], object] | None = None,
     ) -> None:
         self.c, self.root, self.backend, self.cache = c, root, backend, backend.cache
         self.timeout, self.jobs, self.view, self.records = timeout, jobs, view, records
-        self.standbys = standbys
+        self.standbys, self.on_built = standbys, on_built
         self._processes: dict[str, tuple[BuildJob, int]] = {}
         self._lock = threading.Lock()
         #: Writes each successful build's record while the run goes on.
@@ -148,7 +150,10 @@ class Builder:
         self.view.finished(
             job, ok=result.ok, seconds=result.seconds, detail=result.detail, stopped=stopped
         )
-        return attrs.evolve(result, started=started)
+        result = attrs.evolve(result, started=started)
+        if result.ok and self.on_built is not None:
+            self.on_built(result)
+        return result
 
     def _claim_target_dir(self, job: BuildJob) -> None:
         """Record what a target dir is for; a per-host dir whose arch differs under the

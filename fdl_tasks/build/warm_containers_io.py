@@ -120,8 +120,7 @@ class WarmContainers:
         if why or image_id is None:
             self._say_once(f"{image}: builds run in a container each (not warm): {why}")
             return None
-        digest = spec_digest(self.root, image_id, options, start_inputs(options))
-        name = warm_name(digest)
+        name = self._name(image_id, options)
         try:
             if entrypoint := self._entrypoint(image_id):
                 self._say_once(
@@ -139,6 +138,23 @@ class WarmContainers:
             self.used[job] = name
         return name
 
+    def stand_by(self, image_id: str | None, options: Sequence[str]) -> None:
+        """A standby (:mod:`fdl_tasks.core.standbys`) in the container :meth:`container_for`
+        will choose, if it runs already; nothing is made, replaced or said here: this
+        runs beside preflight, before anything may change."""
+        if self.standbys is None or image_id is None or cold_reason(options):
+            return
+        name = self._name(image_id, options)
+        try:
+            found = self.docker.container(name)
+        except DockerError:  # the build finds out, and says so
+            return
+        if running(found):
+            self.standbys.ahead(name, standby_line(name))
+
+    def _name(self, image_id: str, options: Sequence[str]) -> str:
+        return warm_name(spec_digest(self.root, image_id, options, start_inputs(options)))
+
     def exec_line(self, name: str, command: Sequence[str]) -> str:
         """The build's ``docker exec`` in container ``name``, offered to the standbys."""
         line = exec_line(name, command)
@@ -151,7 +167,7 @@ class WarmContainers:
         state = Path(self.root) / WARM_DIR / job.replace("/", "-").lstrip("_")
         last, last_used = _last_container(state)
         found = self.docker.container(name)
-        if found is not None and (found.get("State") or {}).get("Status") == "running":
+        if running(found):
             _touch(state, name)
             return
         if found is not None:
@@ -210,6 +226,12 @@ class WarmContainers:
         with self._lock:
             names = sorted(set(self.used.values()))
         return [line for name in names for line in kill_builds(name)]
+
+
+def running(container: dict[str, object] | None) -> bool:
+    """Whether an inspected container (``None``: none) is running."""
+    state = container.get("State") if container else None
+    return isinstance(state, dict) and state.get("Status") == "running"
 
 
 def kill_builds(name: str) -> list[str]:

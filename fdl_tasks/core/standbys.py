@@ -4,7 +4,8 @@ Starting a ``docker exec`` costs ~70 ms and as much CPU (the client, the daemon,
 runc) before its command runs; three builds at once on two cores pay it beside
 their compilers. A process that has already started and only waits for its
 command costs nothing then. A ``--watch`` session starts them after each cycle,
-while the user is editing, so the next cycle's builds only write their command.
+while the user is editing, so the next cycle's builds only write their command; a
+prebuild starts them while preflight waits on its hosts, for the builds it will run.
 
 Nothing here knows what the commands are: the warm build containers offer each
 build's line with the standby that can run it
@@ -122,6 +123,13 @@ class Standbys:
             return None
         return waiting.promise
 
+    def ahead(self, key: str, standby: str) -> None:
+        """A standby for ``key`` started now, unless one waits: a run's build that its look
+        says will run, while preflight waits on the hosts."""
+        with self._lock:
+            if key not in self._waiting:
+                self._waiting[key] = self._started(standby)
+
     def refill(self) -> None:
         """A standby for every key a build used, where none waits. A key whose standby
         ended unused (its container stopped or was replaced) is forgotten."""
@@ -132,8 +140,11 @@ class Standbys:
                     del self._waiting[key], self._wanted[key]
                     _end(waiting)
                 elif waiting is None:
-                    relay = Relay()
-                    self._waiting[key] = _Waiting(run_in_background(self.c, standby, relay), relay)
+                    self._waiting[key] = self._started(standby)
+
+    def _started(self, standby: str) -> _Waiting:
+        relay = Relay()
+        return _Waiting(run_in_background(self.c, standby, relay), relay)
 
     def close(self) -> None:
         """Every waiting standby told there is nothing to run: each exits at once."""

@@ -10,7 +10,8 @@ environment.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -32,6 +33,7 @@ from fdl_tasks.core.atomic_files import remove_partials
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.locks import project_lock
 from fdl_tasks.core.reporting import Severity
+from fdl_tasks.core.standbys import Standbys
 from fdl_tasks.gpu.auto_arch import AUTO
 from fdl_tasks.preflight.preflight import cross_cpu_archs, dry_run_lines, run_preflight
 from fdl_tasks.preflight.probe import HostVerdict
@@ -41,6 +43,7 @@ from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.freshness import write_sources
 from fdl_tasks.publish.planning import plan, probe_and_plan, report_preflight
 from fdl_tasks.publish.verification_io import (
+    FirstAsks,
     Verification,
     require_verification_possible,
     verify_hosts,
@@ -109,16 +112,18 @@ def prebuild(
     require_verification_possible(run)
     verdicts: Sequence[HostVerdict] = known
     probe = (probe or any(w.arch == AUTO for w in run.remotes)) and not run.dry
-    backend = run_backend(run)
-    run.note_unlisted_controller()
     if run.dry:
+        backend = run_backend(run)
+        run.note_unlisted_controller()
         jobs = plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run, known))
         for line in dry_run_lines(run, abi=True, crate=crate):
             run.report(line)
         run_builds(run, backend, jobs)
         return None
-    records = build_records(run, backend)
-    with Fleet(run.remotes, run.settings, run.report) as fleet:
+    with standing_by(run) as run, Fleet(run.remotes, run.settings, run.report) as fleet:
+        backend = run_backend(run)
+        run.note_unlisted_controller()
+        records = build_records(run, backend)
         if probe:
             run, jobs, verdicts = probe_and_plan(run, fleet, backend, command, crate, records)
         else:
@@ -126,6 +131,20 @@ def prebuild(
             require_ready(run.root, backend, jobs)
         published = build_and_publish(run, fleet, backend, jobs, command, crate, records)
         return attrs.evolve(published, verdicts=tuple(verdicts))
+
+
+@contextmanager
+def standing_by(run: Run) -> Iterator[Run]:
+    """The run with standbys of its own for its builds (:mod:`fdl_tasks.core.standbys`),
+    each closed at the end if unused; a watch's run keeps its session's."""
+    if run.standbys is not None or not run.settings.warm_containers:
+        yield run
+        return
+    standbys = Standbys(run.c)
+    try:
+        yield attrs.evolve(run, standbys=standbys)
+    finally:
+        standbys.close()
 
 
 def build_and_publish(
@@ -163,20 +182,26 @@ def build_and_publish(
         # Withdraw first: if this run fails, nothing may point a launcher at
         # binaries that are now stale.
         envelope.withdraw(run.root, command)
-        # The hosts that will be asked log in while cargo works.
+        # The hosts that will be asked log in while cargo works; a host whose binary is
+        # fetched from the controller is asked once it has its copy, the others as
+        # their builds end.
         copies = {w.host for w in copy_hosts(run.cluster, run.remotes)}
-        with fleet.opening(h for h in envelopes if run.settings.verify or h in copies):
-            results = run_builds(run, backend, jobs, records)
-        try:  # the builds' records are being written meanwhile
-            built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
-            digests = {run.root / r.job.built_binary: r.sha256 for r in results}
-            copy_step(run, fleet, envelopes, built, digests)  # copy hosts: upload what is missing
-            known = {run.root / r.job.built_binary: r.facts for r in results if r.facts}
-            verification = (
-                verify_hosts(run, fleet, envelopes, built, known) if run.settings.verify else None
-            )
-        finally:
-            results = settled(results)
+        verify = run.settings.verify
+        with (
+            fleet.opening(h for h in envelopes if verify or h in copies),
+            FirstAsks(fleet, envelopes, set(envelopes) - copies if verify else set()) as first,
+        ):
+            results = run_builds(run, backend, jobs, records, first.built)
+            try:  # the builds' records are being written meanwhile
+                built = {host: run.root / job.built_binary for job in jobs for host in job.hosts}
+                digests = {run.root / r.job.built_binary: r.sha256 for r in results}
+                copy_step(run, fleet, envelopes, built, digests)  # copy hosts: upload the missing
+                known = {run.root / r.job.built_binary: r.facts for r in results if r.facts}
+                verification = (
+                    verify_hosts(run, fleet, envelopes, built, known, first) if verify else None
+                )
+            finally:
+                results = settled(results)
         merged = kept | envelopes
         with step(run, "publish", command):
             text = envelope.publish(run.root, command, merged)

@@ -4,8 +4,9 @@ the builds' looks taken beside the probe.
 A look (:meth:`~fdl_tasks.build.build_record_io.Records.look_ahead`) only reads:
 the record, the project's files, the verdict. Taken while the ssh probe waits on
 its hosts, it is off the builds' path; a build whose plan or record changed by
-the time it runs looks again. Nothing is built, written or removed before
-preflight has passed.
+the time it runs looks again. A build that will run has its ``docker exec``
+started then, waiting for its command (:mod:`fdl_tasks.core.standbys`). Nothing
+is built, written or removed before preflight has passed.
 """
 
 from __future__ import annotations
@@ -102,12 +103,14 @@ def probe_and_plan(
 
 def look_ahead(run: Run, backend: Backend, command: str, crate: str, records: Records) -> None:
     """Each build's look, as planned before the probe (the pinned CPU architectures; none
-    with an ``arch: auto`` host, whose plan is the probe's). Best effort: a plan or a look
+    with an ``arch: auto`` host, whose plan is the probe's), and what a build that will
+    run runs in started ahead (:meth:`Backend.stand_by`). Best effort: a plan or a look
     that fails here is made, and said, again after preflight."""
     if any(w.arch == AUTO for w in run.remotes):
         return
     try:
         for job in plan(run, backend, run.remotes, command, crate, cross_cpu_archs(run)):
-            records.look_ahead(job)
+            if records.look_ahead(job):
+                backend.stand_by(job)
     except (FdlError, OSError):
         return

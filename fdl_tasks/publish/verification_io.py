@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
 
+from fdl_tasks.build.build_results import JobResult
 from fdl_tasks.config.names import join_path
 from fdl_tasks.config.run import Run
 from fdl_tasks.config.settings import Settings
@@ -29,7 +30,7 @@ from fdl_tasks.publish.verification import (
     parse_verification,
     verification_script,
 )
-from fdl_tasks.ssh.outcomes import Failure
+from fdl_tasks.ssh.outcomes import Failure, Outcome
 from fdl_tasks.ssh.remote import Fleet
 from fdl_tasks.timings.recording import round_trips
 
@@ -57,6 +58,39 @@ class Verification:
         return text
 
 
+class FirstAsks:
+    """Verification's first round trip to a host, asked as soon as its build has ended
+    well, while the other builds go on: its binary is final then (the run holds the
+    project lock), and only the last build's hosts are left to ask after it.
+
+    A context: leaving it by an exception (a stop) does not wait for the hosts."""
+
+    def __init__(
+        self, fleet: Fleet, envelopes: Mapping[str, PerHostEnvelope], hosts: set[str]
+    ) -> None:
+        self.fleet, self.timeout = fleet, fleet.settings.probe_timeout
+        self.scripts = {h: verification_script(fleet.workers[h].path, envelopes[h]) for h in hosts}
+        #: The first of the fleet's round trips that are verification's (``--timings``).
+        self.mark = len(fleet.rounds)
+        self._pool = ThreadPoolExecutor(thread_name_prefix="verify")
+        self._asked: list[Future[dict[str, Outcome]]] = []
+
+    def built(self, result: JobResult) -> None:
+        """Ask ``result``'s hosts now (a build that ended well)."""
+        if hosts := {h: self.scripts[h] for h in result.job.hosts if h in self.scripts}:
+            self._asked.append(self._pool.submit(self.fleet.run, hosts, self.timeout))
+
+    def answers(self) -> dict[str, Outcome]:
+        """Every answer to what was asked (waited for)."""
+        return {host: o for asked in self._asked for host, o in asked.result().items()}
+
+    def __enter__(self) -> FirstAsks:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self._pool.shutdown(wait=kind is None, cancel_futures=kind is not None)
+
+
 def verify_copies(
     fleet: Fleet,
     envelopes: Mapping[str, PerHostEnvelope],
@@ -64,14 +98,16 @@ def verify_copies(
     settings: Settings,
     report: Callable[[str], None],
     known: Mapping[Path, BinaryFacts] | None = None,
+    answered: Mapping[str, Outcome] | None = None,
 ) -> Verification:
     """Ask every host about its copy; unreachable hosts are counted as not verified.
 
     ``built[host]`` is the binary cargo produced for that host's build: its
     digest and glibc need come from ``known`` (its build record's), else each
     distinct build is hashed and parsed once, however many hosts share it,
-    beside the first round trip, which waits on the hosts anyway (pyelftools'
-    import and parse, ~70 ms here). Every host's own copy must match it.
+    beside the first round trip, which waits on the hosts anyway. Every host's
+    own copy must match it. ``answered``: the first round trip's answers of the
+    hosts asked already (:class:`FirstAsks`).
     """
     scripts = {h: verification_script(fleet.workers[h].path, e) for h, e in envelopes.items()}
     copies: dict[str, RemoteCopy] = {}
@@ -79,10 +115,12 @@ def verify_copies(
     refused: dict[str, Failure] = {}
     pending = set(envelopes)
     facts = dict(known or {})
+    outcomes = {h: o for h, o in (answered or {}).items() if h in pending}
     with ThreadPoolExecutor(1) as side:
         unread = set(built.values()) - facts.keys()
         reading = side.submit(lambda: {source: binary_facts(source) for source in unread})
-        outcomes = fleet.run({h: scripts[h] for h in sorted(pending)}, settings.probe_timeout)
+        unasked = {h: scripts[h] for h in sorted(pending - outcomes.keys())}
+        outcomes |= fleet.run(unasked, settings.probe_timeout) if unasked else {}
         facts |= reading.result()
     expected = {h: facts[built[h]].sha256 for h in envelopes}
     needed = {h: facts[built[h]].glibc for h in envelopes}
@@ -126,11 +164,16 @@ def verify_hosts(
     envelopes: dict[str, PerHostEnvelope],
     built: dict[str, Path],
     known: Mapping[Path, BinaryFacts] | None = None,
+    first: FirstAsks | None = None,
 ) -> Verification:
     """Every reachable host must run its binary; a refused login is an error; a host
-    down is a warning, unless no host was reached or ``fdl.require_verified`` is all."""
-    with round_trips(run, fleet, "verify"):
-        verification = verify_copies(fleet, envelopes, built, run.settings, run.report, known)
+    down is a warning, unless no host was reached or ``fdl.require_verified`` is all.
+    ``first``: the hosts asked already, as their builds ended."""
+    answered = first.answers() if first else None
+    with round_trips(run, fleet, "verify", since=first.mark if first else None):
+        verification = verify_copies(
+            fleet, envelopes, built, run.settings, run.report, known, answered
+        )
     if verification.refused:
         raise login_error(verification.refused, "delivery verification")
     if verification.problems:

@@ -78,6 +78,8 @@ class Fleet:
         self._identities: dict[str, Identity] = {}
         self._unusable: dict[str, Identity] = {}  # hosts whose identity is no private key
         self._closed = False
+        #: One handshake per host at a time (a background opening, a build's first ask).
+        self._opening = {label: threading.Lock() for label in self.workers}
         self.connections: dict[str, fabric.Connection] = {
             label: self._connect(w, report) for label, w in self.workers.items()
         }
@@ -173,10 +175,8 @@ class Fleet:
         return describe_failure(exc, login_of(connection, answer=answer), budget)
 
     def open(self, labels: Iterable[str]) -> dict[str, Failure]:
-        """Handshake with these hosts, ``ssh_window`` at a time; the ones that failed.
-
-        A host already open is not opened again; one that failed stays failed.
-        """
+        """Handshake with these hosts, ``ssh_window`` at a time; the ones that failed. A
+        host already open is not opened again; one that failed stays failed."""
         wanted = list(labels)
         todo = [x for x in wanted if self._unopened(x)]
         if todo:
@@ -209,19 +209,23 @@ class Fleet:
         return label not in self.failed and not self.connections[label].is_connected
 
     def _attempt(self, label: str) -> None:
-        """One handshake; a failure is remembered as that host's."""
-        if label in self._unusable:  # never offered: said as what it is
-            login = login_of(self.connections[label])
-            self.failed[label] = key_file_failure(login, self._unusable[label].why)
-            return
-        try:
-            self.connections[label].open()
-            settle(self.connections[label])
-        except Exception as exc:  # any handshake failure is that host's failure
-            self.failed[label] = self._failure(label, exc)
-            self.connections[label].close()
-        if self._closed:  # opened in the background after close() (an interrupted build)
-            hang_up(self.connections[label])
+        """One handshake, unless another thread made it meanwhile (a background opening);
+        a failure is remembered as that host's."""
+        with self._opening[label]:
+            if not self._unopened(label):
+                return
+            if label in self._unusable:  # never offered: said as what it is
+                login = login_of(self.connections[label])
+                self.failed[label] = key_file_failure(login, self._unusable[label].why)
+                return
+            try:
+                self.connections[label].open()
+                settle(self.connections[label])
+            except Exception as exc:  # any handshake failure is that host's failure
+                self.failed[label] = self._failure(label, exc)
+                self.connections[label].close()
+            if self._closed:  # opened in the background after close() (an interrupted build)
+                hang_up(self.connections[label])
 
     def _say_added(self) -> None:
         for line in self._host_keys.take_added():

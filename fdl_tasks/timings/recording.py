@@ -79,9 +79,10 @@ def step(run: Run, kind: str, name: str) -> Iterator[None]:
 
 
 @contextmanager
-def round_trips(run: Run, fleet: Fleet, kind: str) -> Iterator[None]:
-    """Each host's round trips made inside the block, as one span per host."""
-    mark = len(fleet.rounds)
+def round_trips(run: Run, fleet: Fleet, kind: str, since: int | None = None) -> Iterator[None]:
+    """Each host's round trips made inside the block (and from the fleet's round
+    ``since``, when given), as one span per host."""
+    mark = len(fleet.rounds) if since is None else since
     try:
         yield
     finally:

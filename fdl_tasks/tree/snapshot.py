@@ -14,14 +14,25 @@ in a later tick), so only files changed in the last seconds are ever read.
 
 from __future__ import annotations
 
+import enum
 import posixpath
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from watchfiles import Change
 
 from fdl_tasks.tree.scope import under
+
+
+class Change(enum.IntEnum):
+    """What happened to a path: the values of inotify's events as ``watchfiles`` reports
+    them, so the watcher's and a look's changes are one kind (without importing
+    ``watchfiles`` where no watch runs)."""
+
+    added = 1
+    modified = 2
+    deleted = 3
+
 
 #: A stat taken less than this after the file's change is not trusted alone: it
 #: covers a 1 s mount clock, FAT's 2 s, and a tick of the kernel's coarse clock.

@@ -19,17 +19,16 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import watchfiles
 from watchfiles._rust_notify import RustNotify
 
 from fdl_tasks.core.atomic_files import text_or_empty
 from fdl_tasks.tree.roots import WatchPlan
 from fdl_tasks.tree.scope import ChangeKind, Scope, gone_directory
-from fdl_tasks.tree.snapshot import Snapshot, diff, settled
+from fdl_tasks.tree.snapshot import Change, Snapshot, diff, settled
 from fdl_tasks.tree.workspace import walk_files
 from fdl_tasks.watch.polling import POLL_MS, mount_fstype, polling_choice
 
-Changes = set[tuple[watchfiles.Change, str]]
+Changes = set[tuple[Change, str]]
 #: A look at the plan's tree: the last look in (``None``: the first), the new one out.
 Look = Callable[[WatchPlan, Snapshot | None], Snapshot]
 #: inotify: a batch ends after this many ms without events, at the latest after _GROUP_MS.
@@ -101,7 +100,7 @@ class FileWatch:
                 if raw == "stop":
                     return
                 if isinstance(raw, set) and raw:
-                    self._receive({(watchfiles.Change(c), path) for c, path in raw})
+                    self._receive({(Change(c), path) for c, path in raw})
 
     def _poll(self, ready: threading.Event) -> None:
         last = settled(self._look(self.plan, None))
@@ -130,7 +129,7 @@ def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKi
     relevant: dict[str, ChangeKind] = {}
     replan = removal = False
     for change, path in changes:
-        if change == watchfiles.Change.added and os.path.isdir(path):
+        if change == Change.added and os.path.isdir(path):
             replan = True  # a new directory: moved in whole, or a new top-level one
             if gone_directory(scope, path) is None:
                 continue  # a target dir, a cache: nothing in it can count
@@ -139,7 +138,7 @@ def relevant_changes(scope: Scope, changes: Changes) -> tuple[dict[str, ChangeKi
                     relevant[found] = kind
             continue
         kind = scope.classify(path)
-        if change == watchfiles.Change.deleted:
+        if change == Change.deleted:
             replan = True
             kind = kind or gone_directory(scope, path)
             removal = removal or kind is not None

@@ -28,6 +28,7 @@ from rig.faults import PrivateDockerd, private_dockerd
 from rig.harness import RigCluster, Running, containers, prebuild_args, start_rig
 from rig.project import write_compose_file
 from rig.sshrig import HostSpec
+from tests.rig.test_everyday import docker_calls
 from tests.rig.test_watch import set_rev
 
 pytestmark = [pytest.mark.rig, pytest.mark.docker]
@@ -327,6 +328,63 @@ def test_a_watch_cycle_builds_in_the_docker_exec_the_last_one_left_waiting(rig: 
         assert warm(rig, running=False) == []
     finally:
         set_rev(rig, "0")
+
+
+def short_id(name: str) -> str:
+    """A container's id as ``docker ps -q`` shows it."""
+    inspected = ["docker", "inspect", "-f", "{{.Id}}", name]
+    return subprocess.run(inspected, capture_output=True, text=True, check=True).stdout[:12]
+
+
+def built_binaries(rig: RigCluster) -> dict[str, str]:
+    """Each shared target dir's binary, by its sha256 (what cargo last wrote)."""
+    found = (rig.project / "target/cluster/_shared").glob("*/release/ddp-bench")
+    return {str(path): file_sha256(path) for path in found}
+
+
+def test_a_prebuild_runs_its_builds_in_docker_execs_started_during_preflight(
+    rig: RigCluster,
+) -> None:
+    """After an edit, a prebuild's looks (beside the ssh probe) say its builds will run:
+    it starts a docker exec waiting in each warm container then, and each build writes
+    its command to one (no other docker exec runs a build); every host runs the edit.
+    When preflight fails, those execs end having run nothing: no cargo wrote a binary and
+    nothing waits in a container."""
+    path = cluster_file(rig, "ahead.yaml")
+    try:
+        prebuilds_in_standbys(rig, path)
+    finally:
+        set_rev(rig, "0")
+
+
+def prebuilds_in_standbys(rig: RigCluster, path: Path) -> None:
+    set_rev(rig, "a0")
+    assert rig.inv(*prebuild_args(path)).returncode == 0
+    names = warm(rig)
+    assert len(names) == 3
+    env, calls = docker_calls(rig, "ahead")
+    set_rev(rig, "a1")
+    done = rig.inv(*prebuild_args(path), env=env)
+    assert done.returncode == 0, done.stderr
+    execs = [line.split() for line in calls.read_text().splitlines() if line.startswith("exec ")]
+    assert sorted(short_id(e[2]) for e in execs if e[1] == "-i") == sorted(names), execs
+    assert [e for e in execs if e[1] != "-i"] == []
+    assert revs_published(rig) == {"a1"}
+    assert all(standbys(n) == [] for n in names)
+    # a host whose declared data path is missing: preflight fails after the looks
+    workers = [rig.worker(h.name, arch=a) for h, a in zip(HOSTS, VARIANTS, strict=True)]
+    workers[0]["data_path"] = str(rig.root / "no-such-data")
+    failing = rig.write(workers, "ahead-fails.yaml", docker=rig.docker_settings())
+    before = built_binaries(rig)
+    calls.write_text("")
+    set_rev(rig, "a2")
+    done = rig.inv(*prebuild_args(failing), env=env)
+    assert done.returncode != 0 and "preflight found errors" in done.stderr, done.stderr
+    started = [line for line in calls.read_text().splitlines() if line.startswith("exec -i ")]
+    assert len(started) == 3, calls.read_text()
+    assert built_binaries(rig) == before
+    assert all(standbys(n) == [] for n in names)
+    assert revs_published(rig) == {"a1"}
 
 
 def cycle_ok(run: Running, number: int) -> bool:

@@ -71,6 +71,26 @@ def test_the_next_build_runs_in_the_standby_its_last_one_left(tmp_path: Path) ->
     standbys.close()
 
 
+def test_a_standby_started_ahead_runs_the_first_build_of_its_key(tmp_path: Path) -> None:
+    """A prebuild starts one ahead for a build its look says will run, before the line
+    is known (one per key, however often asked); the build then runs in it. One started
+    ahead for nothing ends at the close having run nothing."""
+    standbys = Standbys(Context())
+    standbys.ahead("k", STANDBY_LINE)
+    pid = waiting(standbys)
+    standbys.ahead("k", STANDBY_LINE)
+    assert waiting(standbys) == pid
+    standbys.ahead("unused", STANDBY_LINE)
+    unused = standbys._waiting["unused"].promise.runner.process
+    line = offered(standbys, ["touch", str(tmp_path / "ran")])
+    promise = standbys.start(line, io.StringIO())
+    assert promise is not None and promise.runner.process.pid == pid
+    assert promise.join().exited == 0
+    assert (tmp_path / "ran").exists()
+    standbys.close()
+    assert unused.poll() == 0
+
+
 def waiting_to_touch(marker: Path) -> tuple[Standbys, str, Any]:
     """Standbys with one waiting, to run ``touch marker``: them, the line, its process."""
     standbys = Standbys(Context())

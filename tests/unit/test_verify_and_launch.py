@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +17,7 @@ from fdl_tasks.core.errors import FdlError
 from fdl_tasks.launch import check_envelopes, launch_line
 from fdl_tasks.publish.envelope import PerHostEnvelope
 from fdl_tasks.publish.verification import copy_problems, parse_verification, verification_script
-from fdl_tasks.publish.verification_io import verify_copies
+from fdl_tasks.publish.verification_io import FirstAsks, verify_copies
 from fdl_tasks.ssh.outcomes import Outcome, Reply
 from fdl_tasks.ssh.sshconfig import ssh_config_block
 
@@ -101,6 +102,40 @@ def test_verification_takes_what_the_build_record_read_of_the_binary(tmp_path: P
     assert "differs from the controller's build" in found.problems[0]
     with pytest.raises(FileNotFoundError):
         verify_copies(fleet, envelopes, built, settings, said.append)  # type: ignore[arg-type]
+
+
+class Asked(ThisMachine):
+    """This machine as two hosts, each asked once at most; what was asked, in order."""
+
+    def __init__(self, path: Path) -> None:
+        self.workers = {h: Worker(h, str(path)) for h in ("h1", "h2", "copied")}
+        self.settings = Settings.from_config({"verify_retries": 0})
+        self.rounds: list[tuple[str, float, float, bool]] = []
+        self.asked: list[str] = []
+
+    def run(self, scripts: dict[str, str], timeout: float | None) -> dict[str, Outcome]:
+        assert not set(scripts) & set(self.asked), scripts
+        self.asked += sorted(scripts)
+        return super().run(scripts, timeout)
+
+
+def test_a_host_is_asked_as_its_build_ends_and_not_again(tmp_path: Path) -> None:
+    """:class:`FirstAsks` asks a build's hosts as it ends (only those it was given: a copy
+    host is asked after its upload); verification then asks only the others."""
+    (tmp_path / "bin").mkdir()
+    copy = tmp_path / "bin" / "tool"
+    copy.write_bytes(Path("/bin/true").read_bytes())
+    envelopes = {h: PerHostEnvelope("bin/tool", "/nonexistent/lib") for h in ("h1", "h2", "copied")}
+    built = dict.fromkeys(envelopes, copy)
+    fleet = Asked(tmp_path)
+    with FirstAsks(fleet, envelopes, {"h1", "h2"}) as first:  # type: ignore[arg-type]
+        first.built(SimpleNamespace(job=SimpleNamespace(hosts=("h1", "copied"))))  # type: ignore[arg-type]
+        answered = first.answers()
+    assert fleet.asked == ["h1"] and set(answered) == {"h1"}
+    said: list[str] = []
+    found = verify_copies(fleet, envelopes, built, fleet.settings, said.append, None, answered)  # type: ignore[arg-type]
+    assert fleet.asked == ["h1", "copied", "h2"]
+    assert (found.verified, said) == (("copied", "h1", "h2"), [])
 
 
 def test_launch_command_orders_env_and_quotes() -> None:

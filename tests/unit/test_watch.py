@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from watchfiles import Change
 
 from fdl_tasks.build.build_environment import Build, BuildEnvironment, CrossBuild
 from fdl_tasks.core.errors import FdlError
@@ -20,6 +19,7 @@ from fdl_tasks.publish.verification_io import Verification
 from fdl_tasks.tree.buildscripts import declared_inputs, host_path, rerun_declarations
 from fdl_tasks.tree.roots import WatchPlan, watch_plan
 from fdl_tasks.tree.scope import ChangeKind, Scope, gone_directory, make_scope
+from fdl_tasks.tree.snapshot import Change
 from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.filewatch import relevant_changes
 from fdl_tasks.watch.launchwait import wait_for_watch

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-from watchfiles import Change
 
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.reporting import collect
@@ -22,6 +21,7 @@ from fdl_tasks.tree.scan import digest, entry_of, scan
 from fdl_tasks.tree.scope import Scope, make_scope
 from fdl_tasks.tree.snapshot import (
     RACY_NS,
+    Change,
     Entry,
     Snapshot,
     changed_since,

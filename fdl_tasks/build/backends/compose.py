@@ -242,12 +242,24 @@ class ComposeBackend(ContainerBackend):
             )
         return self.cold_line(job, self.run_id)
 
+    def stand_by(self, job: BuildJob) -> None:
+        if self.warm is not None:
+            self.warm.stand_by(*self._warm_spec(job))
+
     def warm_container(self, job: BuildJob) -> str | None:
         """The job's warm container: it stands for the service as compose resolved it under
         the job's variables, the image's id, the compile cache's flags and what the
         service's bind mounts are; none for a service this run did not check, or one with
         an entrypoint (a ``docker exec`` would skip it)."""
         assert self.warm is not None
+        image_id, options = self._warm_spec(job)
+        start = compose_start(job, self.controller, self.compose_argv, self.ids, self.cache, True)
+        return self.warm.container_for(
+            job.name, job.build.environment.toolchain, image_id, options, start
+        )
+
+    def _warm_spec(self, job: BuildJob) -> tuple[str | None, list[str]]:
+        """The service's image id and what stands for its container's options."""
         build, controller = job.build, self.controller
         variables = compose_environment(controller.path, build.arch, self.ids)
         found = self.resolved.get((build.environment.toolchain, tuple(sorted(variables.items()))))
@@ -261,10 +273,7 @@ class ComposeBackend(ContainerBackend):
             *container_cache(job, controller, "", self.cache)[0],
             *(f"{name}={value}" for name, value in variables.items()),
         ]
-        start = compose_start(job, controller, self.compose_argv, self.ids, self.cache, True)
-        return self.warm.container_for(
-            job.name, build.environment.toolchain, image_id, options, start
-        )
+        return image_id, options
 
     def cold_line(self, job: BuildJob, run_id: str) -> str:
         """The ``compose run --rm`` line (``run_id``: the run's, or a record's

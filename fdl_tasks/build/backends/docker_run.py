@@ -244,13 +244,21 @@ class DockerRunBackend(ContainerBackend):
             homes,
         )
 
+    def stand_by(self, job: BuildJob) -> None:
+        if self.warm is not None:
+            image = job.build.environment.toolchain
+            self.warm.stand_by(self.image_ids.get(image), self._options(job))
+
     def build_line(self, job: BuildJob) -> str:
         """A ``docker exec`` in the job's warm container (found or made here), else the
         ``docker run`` of a container of its own."""
         if self.warm is not None:
-            options = run_options(job, self.controller, self.docker, self.user, self.cache)
             image = job.build.environment.toolchain
+            options = self._options(job)
             name = self.warm.container_for(job.name, image, self.image_ids.get(image), options)
             if name is not None:
                 return self.warm.exec_line(name, build_command(job, self.cache))
         return docker_line(job, self.controller, self.docker, self.run_id, self.user, self.cache)
+
+    def _options(self, job: BuildJob) -> list[str]:
+        return run_options(job, self.controller, self.docker, self.user, self.cache)

@@ -36,6 +36,9 @@ class RunBackend:
         self.controller, self.source, self.run_id, self.cache = controller, source, run_id, cache
         self.warm = warm
 
+    def stand_by(self, job: BuildJob) -> None:
+        """Nothing to start ahead: the mode has no warm containers."""
+
 
 class Backend(Protocol):
     """How one build mode chooses its toolchain, checks, runs and stops builds."""
@@ -68,6 +71,11 @@ class Backend(Protocol):
     def check(self, environments: Sequence[BuildEnvironment]) -> None:
         """Before any build (and in preflight): every tool and image these build
         environments need is there (else FdlError)."""
+
+    def stand_by(self, job: BuildJob) -> None:
+        """Beside preflight, for a build its look says will run: start ahead what the
+        build will run in, where that makes and changes nothing (a standby in its warm
+        container, :mod:`fdl_tasks.core.standbys`)."""
 
     def build_line(self, job: BuildJob) -> str:
         """The job's whole shell command line, every value quoted."""
