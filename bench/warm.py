@@ -34,7 +34,9 @@ B alternating within a repetition (medians):
   (preflight's and verification's) and exits, vs the bare no-op build;
 - W0 and W2w, the floor: after the same edit, one ``docker exec`` of the bare
   build's cargo in a warm container of the copy, and the 3 variants' at once,
-  vs the bare ``docker run`` (no tool at all).
+  vs the bare ``docker run`` (no tool at all);
+- W2c where the floor is, in CPU: the whole machine's CPU seconds (every core)
+  while an edit's ``inv prebuild`` runs vs while W2w's 3 warm execs run.
 
 Results go to ``bench/warm-results.json`` with the machine and the date.
 """
@@ -128,22 +130,40 @@ class Setup:
 
 def floor_rows(setup: Setup, reps: int) -> list[Row]:
     """W0 and W2w: the builds alone, no tool: one warm exec, and the 3 variants' warm
-    execs at once, each after the same edit, vs one bare ``docker run``."""
+    execs at once, each after the same edit, vs one bare ``docker run``; W2c: the
+    machine's CPU seconds of an edit's prebuild vs the 3 execs'."""
     one = Row("W0", "edit, 1 warm exec vs 1 bare docker run (no tool)", "exec", "bare", None)
     three = Row("W2w", "edit, 3 warm execs at once vs 1 bare (no tool)", "3 execs", "bare", None)
+    what = "CPU seconds, all cores: edit → published (W1) vs W2w's 3 warm execs"
+    cpu = Row("W2c", what, "inv", "3 execs", None)
     execs = setup.warm_execs()
     bare_together(execs, "unused", 0)
     for rep in range(reps):
         flodl_crate.edit_main(setup.copy / CRATE_DIR, f"x{rep}")
         alone = bare(execs[0], "unused", 0)
         flodl_crate.edit_main(setup.copy / CRATE_DIR, f"y{rep}")
+        before = machine_cpu()
         together = bare_together(execs, "unused", 0)
+        execs_cpu = machine_cpu() - before
+        flodl_crate.edit_main(setup.project / CRATE_DIR, f"c{rep}")
+        before = machine_cpu()
+        setup.prebuild()
+        cpu.record(machine_cpu() - before, execs_cpu)
         flodl_crate.edit_main(setup.copy / CRATE_DIR, f"z{rep}")
         single = bare(setup.bare_argv, "fdl-bench-warm", 200 + rep)
         one.record(alone, single)
         three.record(together, single)
-        log(f"floor {rep + 1}/{reps}: exec {alone:.2f}s, 3 {together:.2f}s, bare {single:.2f}s")
-    return [one, three]
+        log(
+            f"floor {rep + 1}/{reps}: exec {alone:.2f}s, 3 {together:.2f}s, bare {single:.2f}s; "
+            f"CPU s: prebuild {cpu.a[-1]:.2f}, 3 execs {cpu.b[-1]:.2f}"
+        )
+    return [one, three, cpu]
+
+
+def machine_cpu() -> float:
+    """CPU seconds every core of the machine has spent since boot, idle and I/O wait apart."""
+    ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 #: The least a no-op prebuild can be, as a program: Python with Invoke and Fabric, every
@@ -297,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.warm", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each row")
-    groups_help = "row groups: W0 (W0, W2w), W1 (W1-W3), W4 (W4, W4t)"
+    groups_help = "row groups: W0 (W0, W2w, W2c), W1 (W1-W3), W4 (W4, W4t)"
     parser.add_argument("--only", default="W0,W1,W4", help=groups_help)
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"default: {RESULTS}")
     args = parser.parse_args(argv)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from fdl_tasks.core.reporting import Report
 from fdl_tasks.tree.roots import WatchPlan, watch_plan
-from fdl_tasks.tree.scan import scan
+from fdl_tasks.tree.scan import digest, entry_of, scan
 from fdl_tasks.tree.scope import ChangeKind, Scope
-from fdl_tasks.tree.snapshot import Entry, Snapshot, changed_since, diff
+from fdl_tasks.tree.snapshot import Entry, Snapshot, changed_since, diff, unseen
 from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.filewatch import Changes, FileWatch, how_to_watch, relevant_changes
 from fdl_tasks.watch.polling import POLL_MS
@@ -96,7 +96,9 @@ class Watcher:
         if stamp_ns is not None:
             self.offset_ns = stamp_ns - time.time_ns()
         plan = self.watch.plan if self.watch is not None else self.plan()
-        self.baseline, self.stamp_ns = self.look(plan, None), stamp_ns
+        baseline = self.look(plan, None)
+        with self.cv:  # read together by the watcher threads (:meth:`as_started`)
+            self.baseline, self.stamp_ns = baseline, stamp_ns
         if stamp_ns is None:
             return {}
         changed = changed_since(self.baseline, stamp_ns)
@@ -111,7 +113,9 @@ class Watcher:
             self.receive(changes)
 
     def receive(self, changes: Changes) -> None:
-        """A watcher thread's batch: what counts joins the pending batch."""
+        """A watcher thread's batch: what counts joins the pending batch, but for a path
+        that is as the last cycle's starting look saw it (:meth:`as_started`)."""
+        changes = {(change, path) for change, path in changes if not self.as_started(path)}
         relevant, replan, removal = relevant_changes(self.scope, changes)
         with self.cv:
             self.debouncer.add(relevant, time.monotonic(), settle=removal)
@@ -119,6 +123,30 @@ class Watcher:
             self.cv.notify_all()
         if relevant:
             self.changed()
+
+    def as_started(self, path: str) -> bool:
+        """Whether ``path`` is now as the running (or last) cycle's starting look saw it.
+        inotify may deliver a save after catch-up put it in the next cycle and that cycle
+        started: the cycle has it, so it is no change (it would start one more, building
+        nothing). Unsure (a path the look did not cover, a stat too close to the cycle's
+        start whose content differs, a clock unknown) is a change."""
+        with self.cv:
+            baseline, stamp_ns = self.baseline, self.stamp_ns
+        if baseline is None or stamp_ns is None or not baseline.covers(path):
+            return False
+        before = baseline.entries.get(path)
+        try:
+            now = entry_of(os.stat(path))
+        except FileNotFoundError:
+            return before is None
+        except OSError:
+            return False
+        if before is None:
+            return False
+        verdict = unseen(baseline.entries, path, now, stamp_ns)
+        if verdict is None:  # a racy stat at the cycle's start: the content tells
+            verdict = digest(path) != before.digest
+        return not verdict
 
     def failed(self, error: BaseException) -> None:
         with self.cv:

@@ -250,6 +250,32 @@ def test_a_change_no_watcher_saw_joins_the_pending_batch(tree: Path, polling: bo
         w.stop()
 
 
+def test_an_event_for_what_the_cycle_started_with_is_no_change(tree: Path) -> None:
+    """inotify may deliver a save after catch-up put it in a cycle that has started: the
+    cycle's starting look has the file as it is (by stat, or by content for a save in
+    the last seconds), so the event starts no further cycle. A save after that look, or
+    a file removed since, is a change."""
+    main = tree / "src/main.rs"
+    main.write_text("saved before the cycle\n")
+    w = Watcher(tree, tree_scope(tree), True, 0.3, collect([]), lambda: None)
+    w.checkpoint(time.time_ns())
+    w.finish()  # the first cycle, of the whole tree
+    assert w.baseline is not None and w.baseline.entries[str(main)].digest is not None  # racy
+    w.receive({(Change.modified, str(main))})
+    assert w.debouncer.changes == {}
+    main.write_text("saved during the cycle\n")
+    w.receive({(Change.modified, str(main))})
+    assert list(w.debouncer.changes) == [str(main)]
+    assert list(w.debouncer.start()) == [str(main)]  # the next cycle has it
+    w.finish()
+    w.checkpoint(time.time_ns())
+    w.receive({(Change.modified, str(main))})  # late again
+    assert w.debouncer.changes == {}
+    main.unlink()
+    w.receive({(Change.deleted, str(main))})
+    assert list(w.debouncer.changes) == [str(main)]
+
+
 # ---------------------------------------------------------------------------- launch's tie
 
 
