@@ -182,9 +182,8 @@ def build_and_publish(
         # Withdraw first: if this run fails, nothing may point a launcher at
         # binaries that are now stale.
         envelope.withdraw(run.root, command)
-        # The hosts that will be asked log in while cargo works; a host whose binary is
-        # fetched from the controller is asked once it has its copy, the others as
-        # their builds end.
+        # The hosts that will be asked log in while cargo works; each is asked as its
+        # build ends, but a copy host, asked once its copy is uploaded.
         copies = {w.host for w in copy_hosts(run.cluster, run.remotes)}
         verify = run.settings.verify
         with (
