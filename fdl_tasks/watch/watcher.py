@@ -28,7 +28,7 @@ from fdl_tasks.core.reporting import Report
 from fdl_tasks.tree.roots import WatchPlan, watch_plan
 from fdl_tasks.tree.scan import digest, entry_of, scan
 from fdl_tasks.tree.scope import ChangeKind, Scope
-from fdl_tasks.tree.snapshot import Entry, Snapshot, changed_since, diff, unseen
+from fdl_tasks.tree.snapshot import Entry, Snapshot, changed_since, diff
 from fdl_tasks.watch.debounce import Debouncer
 from fdl_tasks.watch.filewatch import Changes, FileWatch, how_to_watch, relevant_changes
 from fdl_tasks.watch.polling import POLL_MS
@@ -96,9 +96,7 @@ class Watcher:
         if stamp_ns is not None:
             self.offset_ns = stamp_ns - time.time_ns()
         plan = self.watch.plan if self.watch is not None else self.plan()
-        baseline = self.look(plan, None)
-        with self.cv:  # read together by the watcher threads (:meth:`as_started`)
-            self.baseline, self.stamp_ns = baseline, stamp_ns
+        self.baseline, self.stamp_ns = self.look(plan, None), stamp_ns
         if stamp_ns is None:
             return {}
         changed = changed_since(self.baseline, stamp_ns)
@@ -128,11 +126,11 @@ class Watcher:
         """Whether ``path`` is now as the running (or last) cycle's starting look saw it.
         inotify may deliver a save after catch-up put it in the next cycle and that cycle
         started: the cycle has it, so it is no change (it would start one more, building
-        nothing). Unsure (a path the look did not cover, a stat too close to the cycle's
-        start whose content differs, a clock unknown) is a change."""
-        with self.cv:
-            baseline, stamp_ns = self.baseline, self.stamp_ns
-        if baseline is None or stamp_ns is None or not baseline.covers(path):
+        nothing). The same stat, and for a stat the look found racy the same content, as
+        the look's own rule decides; no clock is compared. Unsure (a path the look did
+        not cover or did not see, a stat or content that differs) is a change."""
+        baseline = self.baseline  # one reference: a new cycle may replace it meanwhile
+        if baseline is None or not baseline.covers(path):
             return False
         before = baseline.entries.get(path)
         try:
@@ -141,12 +139,9 @@ class Watcher:
             return before is None
         except OSError:
             return False
-        if before is None:
+        if before is None or not before.same_stat(now):
             return False
-        verdict = unseen(baseline.entries, path, now, stamp_ns)
-        if verdict is None:  # a racy stat at the cycle's start: the content tells
-            verdict = digest(path) != before.digest
-        return not verdict
+        return before.digest is None or digest(path) == before.digest
 
     def failed(self, error: BaseException) -> None:
         with self.cv:
