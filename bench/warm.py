@@ -29,8 +29,8 @@ B alternating within a repetition (medians):
   cycle's builds (first start to last end, from its ``--timings`` page), the
   tool's own share (target <= 0.25 s), beside the builds;
 - W3f the least a no-op can cost with Invoke and Fabric: a Python process that
-  imports them, logs into the 3 hosts at once (Nagle's algorithm off, as the
-  tool's logins have it), makes two round trips on each
+  imports them, logs into the 3 hosts at once (Nagle's algorithm off and prompt
+  acknowledgements, as the tool's logins have them), makes two round trips on each
   (preflight's and verification's) and exits, vs the bare no-op build;
 - W0 and W2w, the floor: after the same edit, one ``docker exec`` of the bare
   build's cargo in a warm container of the copy, and the 3 variants' at once,
@@ -172,8 +172,15 @@ LEAST_CLIENT = """
 import socket, sys, threading
 import fabric, invoke, paramiko
 hosts = sys.argv[2:]
+class Acking(socket.socket):  # prompt acknowledgements, as the Fleet's logins have them
+    def recv(self, n, flags=0):
+        self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        return super().recv(n, flags)
 def prompt(sock, **options):  # TCP_NODELAY, as the Fleet's logins have it
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    timeout = sock.gettimeout()
+    sock = Acking(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    sock.settimeout(timeout)
     return paramiko.Transport(sock, **options)
 def ask(host):
     c = fabric.Connection(host, user="root", port=2222, connect_kwargs={

@@ -34,7 +34,7 @@ from fdl_tasks.ssh.known_hosts_io import (
 )
 from fdl_tasks.ssh.remote import Fleet
 from fdl_tasks.ssh.sshconfig import host_key_options, ssh_config_block
-from fdl_tasks.ssh.transports import prompt_transport
+from fdl_tasks.ssh.transports import AckingSocket, prompt_transport
 
 NAME = "[node-a]:2222"  # how known_hosts names host node-a at port 2222
 
@@ -475,9 +475,45 @@ def test_a_login_over_tcp_has_nagles_algorithm_off() -> None:
         peer, _ = listener.accept()
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
         transport = prompt_transport(sock)
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        assert isinstance(transport.sock, socket.socket)
+        assert transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         transport.close()
         peer.close()
     ours, theirs = socket.socketpair()  # no TCP: no option to set, and no error
     prompt_transport(ours).close()
     theirs.close()
+
+
+def test_a_login_over_tcp_acknowledges_what_it_reads_at_once() -> None:
+    """sshd sends a small message behind another and holds it until the first is
+    acknowledged; a request and its reply put Linux in delayed-acknowledgement mode,
+    which a fresh login's first command waited out (40 ms). Each read on the Fleet's
+    transport socket leaves it in quick-acknowledgement mode; a plain socket's does not."""
+
+    def quick(sock: socket.socket) -> int:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK)
+
+    def exchange(ours: socket.socket, peer: socket.socket) -> bytes:
+        for _ in range(4):  # request, reply: delayed-acknowledgement ("pingpong") mode
+            peer.sendall(b"request")
+            ours.recv(64)
+            ours.sendall(b"reply")
+            peer.recv(64)
+        peer.sendall(b"more")
+        return ours.recv(64)
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        plain = socket.create_connection(listener.getsockname())
+        peer, _ = listener.accept()
+        assert exchange(plain, peer) == b"more" and quick(plain) == 0
+        plain.close()
+        peer.close()
+
+        sock = socket.create_connection(listener.getsockname(), timeout=7)
+        peer, _ = listener.accept()
+        transport = prompt_transport(sock)
+        ours = transport.sock
+        assert isinstance(ours, AckingSocket) and ours.gettimeout() is not None
+        assert exchange(ours, peer) == b"more" and quick(ours) == 1
+        transport.close()
+        peer.close()
