@@ -54,9 +54,9 @@ from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.core.binary_files import BinaryFacts
 from fdl_tasks.core.errors import FdlError
-from fdl_tasks.tree.scan import entry_of, scan
+from fdl_tasks.tree.scan import Listings, entry_of, scan
 from fdl_tasks.tree.scope import Scope, under
-from fdl_tasks.tree.snapshot import Entry, Snapshot
+from fdl_tasks.tree.snapshot import Entry, Snapshot, union
 
 
 @attrs.frozen
@@ -111,8 +111,9 @@ class Records:
         #: One look at a time: looks side by side only take turns with the interpreter's
         #: lock, at every stat, and every build's cargo would start later.
         self._one_look = threading.Lock()
-        #: Job name → what :meth:`look_ahead` saw.
+        #: Job name → what :meth:`look_ahead` saw, and the listings those looks share.
         self._ahead: dict[str, Seen] = {}
+        self._together = Listings()
 
     def check(self, job: BuildJob) -> Check:
         """What ``job``'s build must do. A unit that read a file changed by content has
@@ -131,7 +132,7 @@ class Records:
         found, record = seen.found, seen.record
         if not found.fresh:
             if record is not None and path.exists():  # until this build ends well
-                attempt = attempt_json(record, _union(record.attempt, seen.look))
+                attempt = attempt_json(record, union(record.attempt, seen.look))
                 with contextlib.suppress(FdlError):
                     write_atomically(attempt_file(path), attempt)
             self.force(job, found.forced)
@@ -147,11 +148,13 @@ class Records:
         path = record_file(self.root, job)
         if not path.exists():
             return True
-        seen = self._ahead[job.name] = self._see(job, self.inputs(job), path)
+        seen = self._ahead[job.name] = self._see(job, self.inputs(job), path, self._together)
         return not seen.found.fresh
 
-    def _see(self, job: BuildJob, asked: RecordInputs, path: Path) -> Seen:
-        """What a check reads, before it acts on it."""
+    def _see(
+        self, job: BuildJob, asked: RecordInputs, path: Path, together: Listings | None = None
+    ) -> Seen:
+        """What a check reads, before it acts on it (``together``: listings shared)."""
         inputs = asked if self.skip else attrs.evolve(asked, identity=None)
         files = file_stats(path)
         record = on_disk = read_record(path)  # a fresh build keeps it as it is on disk
@@ -165,7 +168,7 @@ class Records:
         else:
             units = record.units
         reads = frozenset(named(units))
-        look, whole = self.look(job, inputs, record.look if record else None, reads)
+        look, whole = self.look(job, inputs, record.look if record else None, reads, together)
         if not whole:
             inputs = attrs.evolve(inputs, identity=None)
         if record is None:  # every unit that read the project: what it read is not known
@@ -234,9 +237,11 @@ class Records:
         inputs: RecordInputs,
         previous: Snapshot | None,
         reads: AbstractSet[str],
+        together: Listings | None = None,
     ) -> tuple[Snapshot, bool]:
         """The look at what ``job``'s build reads (``reads``: what its units named), and
-        whether it saw all of it (else cargo must run)."""
+        whether it saw all of it (else cargo must run); ``together``: what the looks of
+        one moment listed (the builds' looks beside preflight), reused."""
         root = self.scope.root
         variant = libtorch_dir(root, job.build.arch)
 
@@ -259,7 +264,9 @@ class Records:
             mounted = [t for t in plan.recursive if t != root and t not in reads]
             read_trees = [t for t in plan.recursive if t in reads]
             clock = _clock_ns(self.root / job.target_dir)
-            look = scan(plan, self.scope, previous, clock, counts, reused_digest, unnamed)
+            if together is not None:
+                clock = together.clock(clock)
+            look = scan(plan, self.scope, previous, clock, counts, reused_digest, unnamed, together)
         return look, whole
 
     def source(self, path: str) -> bool:
@@ -268,15 +275,6 @@ class Records:
         if found is None:
             found = self._sources[path] = self.scope.classify(path) is not None
         return found
-
-
-def _union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
-    """The attempts' looks together: a file that differs from any of them is a change
-    (an entry of the earlier attempt stays where the two differ)."""
-    if earlier is None:
-        return look
-    entries = {**look.entries, **earlier.entries}
-    return Snapshot(entries, earlier.dirs | look.dirs, look.trees, look.taken_ns)
 
 
 def _entry(path: Path) -> Entry | None:

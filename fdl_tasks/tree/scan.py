@@ -51,6 +51,49 @@ def entry_of(st: os.stat_result) -> Entry:
     )
 
 
+#: A directory's entries: each one's name, path and stat (links followed).
+Held = list[tuple[str, str, os.stat_result]]
+
+
+def listed(directory: str) -> Held | None:
+    """What ``directory`` holds now (``None``: it cannot be listed, gone meanwhile)."""
+    try:
+        with os.scandir(directory) as found:
+            names = [e.name for e in found]
+    except OSError:
+        return None
+    held = []
+    for name in names:
+        path = posixpath.join(directory, name)
+        try:
+            held.append((name, path, os.stat(path)))
+        except OSError:
+            continue  # a dangling link, or removed meanwhile
+    return held
+
+
+class Listings:
+    """The directories the looks of one moment listed, each listed once: a run's builds
+    look at one project tree beside preflight, and a look that reuses what another
+    listed is one taken with it, so it takes the earliest of their clocks (an earlier
+    clock makes more files too recent to trust, never fewer). Not thread-safe: the
+    looks take turns."""
+
+    def __init__(self) -> None:
+        self.taken_ns: int | None = None
+        self._held: dict[str, Held | None] = {}
+
+    def clock(self, now_ns: int) -> int:
+        """The clock for a look taken now that may reuse these listings."""
+        self.taken_ns = now_ns if self.taken_ns is None else min(self.taken_ns, now_ns)
+        return self.taken_ns
+
+    def held(self, directory: str) -> Held | None:
+        if directory not in self._held:
+            self._held[directory] = listed(directory)
+        return self._held[directory]
+
+
 class _Look:
     """One look in progress: what it saw so far."""
 
@@ -62,9 +105,10 @@ class _Look:
         counts: Callable[[str], bool],
         keep: KeepDigest | None,
         racy_counts: Callable[[str], bool] | None,
+        listings: Listings,
     ) -> None:
         self.scope, self.previous, self.now_ns, self.counts = scope, previous, now_ns, counts
-        self.keep, self.racy_counts = keep, racy_counts
+        self.keep, self.racy_counts, self.listings = keep, racy_counts, listings
         self.libtorch = posixpath.join(scope.root, "libtorch")
         self.entries: dict[str, Entry] = {}
         self.dirs: set[str] = set()
@@ -100,19 +144,12 @@ class _Look:
             current = stack.pop()
             if current in self.dirs:
                 continue
-            try:
-                with os.scandir(current) as found:
-                    names = [e.name for e in found]
-            except OSError:
+            held = self.listings.held(current)
+            if held is None:
                 continue  # gone meanwhile: its entries are missing, so deleted
             self.dirs.add(current)
-            beside_manifest = "Cargo.toml" in names or current == self.scope.root
-            for name in names:
-                path = posixpath.join(current, name)
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue  # a dangling link, or removed meanwhile
+            beside_manifest = current == self.scope.root or any(n == "Cargo.toml" for n, *_ in held)
+            for name, path, st in held:
                 self.add(path, st)
                 key = (st.st_dev, st.st_ino)
                 if (
@@ -133,6 +170,7 @@ def scan(
     counts: Callable[[str], bool] | None = None,
     keep: KeepDigest | None = None,
     racy_counts: Callable[[str], bool] | None = None,
+    listings: Listings | None = None,
 ) -> Snapshot:
     """Every path ``plan`` covers, as it is now; ``now_ns``: the file system's clock.
 
@@ -141,10 +179,11 @@ def scan(
     those ``scope`` classifies as a change). With ``keep`` (a build record's look),
     every file that counts has a digest: the previous look's where ``keep`` gives it
     back, else read now; ``racy_counts``: files that count too while their stat is
-    racy (what a build reads that no one named yet: its content when the build starts).
+    racy (what a build reads that no one named yet: its content when the build starts);
+    ``listings``: shared with the other looks of this moment (:class:`Listings`).
     """
     counted = counts or (lambda path: scope.classify(path) is not None)
-    look = _Look(scope, previous, now_ns, counted, keep, racy_counts)
+    look = _Look(scope, previous, now_ns, counted, keep, racy_counts, listings or Listings())
     for tree in plan.recursive:
         look.listing(tree, recursive=True)
     for directory in plan.flat:

@@ -184,6 +184,15 @@ def settled(snapshot: Snapshot) -> Snapshot:
     return attrs.evolve(snapshot, entries=entries)
 
 
+def union(earlier: Snapshot | None, look: Snapshot) -> Snapshot:
+    """Two looks together: a file that differs from either of them is a change (an entry
+    of the earlier look stays where the two differ)."""
+    if earlier is None:
+        return look
+    entries = {**look.entries, **earlier.entries}
+    return Snapshot(entries, earlier.dirs | look.dirs, look.trees, look.taken_ns)
+
+
 def changed_since(snapshot: Snapshot, since_ns: int) -> dict[str, Entry]:
     """Files changed at or after ``since_ns``: what launch must compare, as this look saw them."""
     return {p: e for p, e in snapshot.entries.items() if not e.is_dir and e.changed_ns >= since_ns}

@@ -17,7 +17,7 @@ import pytest
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.reporting import collect
 from fdl_tasks.tree.roots import WatchPlan
-from fdl_tasks.tree.scan import digest, entry_of, scan
+from fdl_tasks.tree.scan import Listings, digest, entry_of, scan
 from fdl_tasks.tree.scope import Scope, make_scope
 from fdl_tasks.tree.snapshot import (
     RACY_NS,
@@ -29,6 +29,7 @@ from fdl_tasks.tree.snapshot import (
     needs_digest,
     racy,
     settled,
+    union,
     unseen,
 )
 from fdl_tasks.tree.workspace import package_dirs
@@ -200,6 +201,36 @@ def test_a_same_size_rewrite_right_after_a_look_is_a_change(tree: Path) -> None:
     after = scan(plan, s, before, time.time_ns())
     assert diff(before, after) == {(Change.modified, str(main))}
     assert entry_of(main.stat()).same_stat(after.entries[str(main)])
+
+
+def test_the_looks_of_one_moment_list_each_directory_once(tree: Path) -> None:
+    """A run's builds look at one tree beside preflight: a later look reuses what the
+    first listed, as a look taken with it, so with the earliest of their clocks; a look
+    with listings of its own sees the tree as it is now."""
+    s, main = tree_scope(tree), tree / "src/main.rs"
+    plan = WatchPlan((str(tree / "src"),), ())
+    together, first_clock = Listings(), time.time_ns()
+    first = scan(plan, s, None, together.clock(first_clock), listings=together)
+    main.write_text("longer\n")
+    second = scan(plan, s, None, together.clock(first_clock + RACY_NS), listings=together)
+    assert together.taken_ns == first_clock
+    assert second.entries[str(main)].same_stat(first.entries[str(main)])
+    assert second.entries[str(main)].size == len("x\n")  # listed once, before the save
+    alone = scan(plan, s, None, time.time_ns())
+    assert alone.entries[str(main)].size == len("longer\n")
+
+
+def test_two_looks_together_keep_the_earlier_entry_where_they_differ(tree: Path) -> None:
+    s, main = tree_scope(tree), tree / "src/main.rs"
+    plan = WatchPlan((str(tree / "src"),), ())
+    before = scan(plan, s, None, time.time_ns())
+    main.write_text("longer\n")
+    (tree / "src/lib.rs").write_text("x\n")
+    after = scan(plan, s, None, time.time_ns())
+    both = union(before, after)
+    assert both.entries[str(main)] == before.entries[str(main)]
+    assert str(tree / "src/lib.rs") in both.entries and both.taken_ns == after.taken_ns
+    assert union(None, after) is after
 
 
 @pytest.mark.parametrize("polling", [True, False])
