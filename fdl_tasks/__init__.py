@@ -17,9 +17,13 @@ handler, no environment variable (:mod:`fdl_tasks.cli` says when the tasks do).
 Every other module is internal and may change between releases.
 """
 
-from fdl_tasks.api import HostBinary, Published, Settings, Verdict, prebuild, preflight, settings_of
-from fdl_tasks.core.errors import FdlError, Stopped
-from fdl_tasks.tasks import ns
+from fdl_tasks.inv_process import pause_collection
+
+pause_collection()  # only while ``inv`` loads the tasks (fdl_tasks.inv_process)
+
+from fdl_tasks.api import HostBinary, Published, Settings, Verdict, prebuild, preflight, settings_of  # noqa: E402
+from fdl_tasks.core.errors import FdlError, Stopped  # noqa: E402
+from fdl_tasks.tasks import ns  # noqa: E402
 
 __all__ = [
     "FdlError",

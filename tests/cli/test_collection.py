@@ -23,6 +23,22 @@ def hello(c):
 ns = Collection(hello)
 ns.add_collection(fdl_tasks.ns, "fdl")
 """
+COLLECTOR_TASKS = """\
+import gc
+
+from invoke import Collection, task
+
+before = gc.get_stats()[0]["collections"]
+import fdl_tasks
+during = gc.get_stats()[0]["collections"] - before
+
+@task
+def collector(c):
+    print(during, gc.isenabled(), gc.get_freeze_count() > 0)
+
+ns = Collection(collector)
+ns.add_collection(fdl_tasks.ns, "fdl")
+"""
 CLUSTER = """\
 controller: {{path: {root}}}
 workers:
@@ -54,6 +70,17 @@ def test_root_composition_lists_and_documents_tasks(tmp_path: Path) -> None:
     dry = inv(root, "--dry", "preflight")
     assert dry.returncode == 0, dry.stderr
     assert "[cluster-a] ssh 127.0.0.9:22" in dry.stderr
+
+
+def test_inv_loads_the_tasks_with_the_collector_paused_then_frozen_and_on(tmp_path: Path) -> None:
+    """The objects importing fdl-tasks makes live as long as ``inv``: the cyclic collector,
+    which ran ~60 times over them, is paused while Invoke's loader imports the tasks (a
+    few collections remain, in what is imported before the pause), then they are frozen
+    and it is on again for the tasks."""
+    done = inv(project(tmp_path, COLLECTOR_TASKS), "collector")
+    assert done.returncode == 0, done.stderr
+    during, enabled, frozen = done.stdout.split()
+    assert int(during) < 15 and enabled == "True" and frozen == "True"
 
 
 def test_nested_composition(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """fdl-tasks inside another Invoke program (issue #37): importing it and calling its API
-from a worker thread leave the program's ``sys.excepthook``, signal handlers and
-environment as they were.
+from a worker thread leave the program's ``sys.excepthook``, signal handlers,
+environment and garbage collector as they were.
 
 The program runs in a process of its own, so that what it checks is its own
 interpreter's state, not pytest's. Its prebuild is real: a cluster whose only
@@ -18,7 +18,7 @@ from fdl_tasks.config.launch_mode import ENV_PREBUILD_PER_HOST
 from rig.harness import isolated_env
 
 PROGRAM = """\
-import json, os, signal, sys, threading
+import gc, json, os, signal, sys, threading
 
 import attrs
 from invoke import Collection, Program, task
@@ -27,7 +27,13 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def state():
-    return sys.excepthook, [signal.getsignal(s) for s in SIGNALS], dict(os.environ)
+    return (
+        sys.excepthook,
+        [signal.getsignal(s) for s in SIGNALS],
+        dict(os.environ),
+        gc.isenabled(),
+        gc.get_freeze_count(),
+    )
 
 
 before = state()
