@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import stat
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import attrs
@@ -152,6 +150,9 @@ def probe_scheduler(
     Returns the status (``None`` if its encoding is not known), or why the
     scheduler does not answer; a refused token is an :class:`FdlError`.
     """
+    import urllib.error  # here: only ``controller.dist`` asks, and every inv loads this
+    import urllib.request
+
     try:
         with urllib.request.urlopen(scheduler_endpoint(url, "status"), timeout=timeout) as reply:
             status = parse_scheduler_status(reply.read(4096))

@@ -15,7 +15,6 @@ import shlex
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
 from fdl_tasks.config.model import Worker
 from fdl_tasks.config.settings import Settings
@@ -73,6 +72,9 @@ class GatewayPlan:
 
 def expand(text: str, what: str) -> list[str]:
     """A name or a ClusterShell node set (``gw[1-4]``), no groups, as names."""
+    # Imported here: only a cluster with gateways expands names, and every inv loads this.
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
+
     try:
         return list(NodeSet(text, resolver=RESOLVER_NOGROUP))
     except NodeSetParseError as exc:

@@ -22,7 +22,6 @@ from fdl_tasks.config.run import Run
 from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.core.reporting import Report
 from fdl_tasks.core.timeline import Timeline, fold_rounds
-from fdl_tasks.timings.timings_html import render
 
 if TYPE_CHECKING:  # the Fleet's import (Fabric, paramiko) is the caller's to pay
     from fdl_tasks.ssh.remote import Fleet
@@ -56,6 +55,8 @@ def write_page(
     run: Run, command: str, timeline: Timeline, started: datetime.datetime, ok: bool
 ) -> Path:
     """The page, atomically, then the command's older pages beyond :data:`KEEP` removed."""
+    from fdl_tasks.timings.timings_html import render  # here: only --timings writes a page
+
     path = run.root / timings_page(command, started.strftime("%Y%m%dT%H%M%S.%fZ"))
     data = timeline.data(
         task=run.task, command=command, ok=ok, started=started.isoformat(timespec="seconds")
