@@ -71,7 +71,7 @@ _paused_collection = False
 def pause_collection() -> None:
     """While ``inv`` loads the tasks (Invoke's loader importing them), no cyclic garbage
     collection: the imports make only objects that live as long as the process, and
-    the collector ran over them ~100 times, 13 ms of every ``inv``'s start
+    the collector ran over them ~60 times, 13 ms of every ``inv``'s start
     (docs/numbers.md). :func:`hook_command_line` freezes them and turns it back on."""
     global _paused_collection
     if loaded_by_invoke() and gc.isenabled():

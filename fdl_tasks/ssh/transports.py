@@ -27,8 +27,8 @@ class AckingSocket(socket.socket):
     ``hostkeys-00@openssh.com``, which wants no reply): the confirmation of the
     connection's first channel waited behind the second until Linux's delayed
     acknowledgement went out, 40 ms later. Measured on the rig's sshd, a fresh
-    login's first command (a preflight's probe, a watch's first verification):
-    50 ms → 6 ms (``python3 -m bench.login``).
+    login's first command (a preflight's probe), three hosts at once: 52 ms → 10 ms
+    (``python3 -m bench.login``).
     """
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
