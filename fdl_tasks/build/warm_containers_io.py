@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import subprocess
 import textwrap
 import threading
@@ -140,8 +141,7 @@ class WarmContainers:
 
     def stand_by(self, image_id: str | None, options: Sequence[str]) -> None:
         """A standby (:mod:`fdl_tasks.core.standbys`) in the container :meth:`container_for`
-        will choose, if it runs already; nothing is made, replaced or said here: this
-        runs beside preflight, before anything may change."""
+        will choose, if it runs; beside preflight, so nothing is made, replaced or said."""
         if self.standbys is None or image_id is None or cold_reason(options):
             return
         name = self._name(image_id, options)
@@ -273,7 +273,9 @@ def remove_named(name: str) -> list[str]:
 
 def remove_project_containers(root: str) -> list[str]:
     """Every warm container of the project at ``root`` removed (``inv clean``, a stop of
-    ``--watch``); what could not be, as :func:`remove_containers` says it."""
+    ``--watch``), with the note of the one each build used last (else the next build says
+    they were lost); what could not be removed, as :func:`remove_containers` says it."""
+    shutil.rmtree(Path(root) / WARM_DIR, ignore_errors=True)
     return remove_containers(f"{WARM_LABEL}={root}")
 
 

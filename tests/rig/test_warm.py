@@ -236,6 +236,11 @@ def test_a_stop_of_watch_removes_its_containers(rig: RigCluster) -> None:
     run.process.send_signal(signal.SIGINT)
     assert run.finish(timeout=60) == 130, run.stderr
     assert warm(rig, running=False) == []
+    # The next prebuild starts new ones and blames no one for the ones the watch removed.
+    edit(rig)
+    done = rig.inv(*prebuild_args(path))
+    assert done.returncode == 0, done.stderr
+    assert "is gone" not in done.stderr and len(warm(rig)) == 3
 
 
 def test_compose_builds_are_warm_too_and_byte_identical(rig: RigCluster) -> None:
