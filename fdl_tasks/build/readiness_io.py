@@ -20,21 +20,33 @@ from fdl_tasks.core.errors import FdlError
 from fdl_tasks.gpu.auto_arch import AUTO
 
 
-def variant_problem(root: Path, environments: Mapping[str, BuildEnvironment]) -> str | None:
-    """Each host's variant ``<controller.path>/libtorch/<arch>/lib`` present, else which not."""
+def missing_variants(root: Path, environments: Mapping[str, BuildEnvironment]) -> dict[str, str]:
+    """Each arch among these whose ``<controller.path>/libtorch/<arch>/lib`` is not there."""
     libs = {e.arch: f"{libtorch_dir(str(root), e.arch)}/lib" for e in environments.values()}
-    present = {arch: Path(lib).is_dir() for arch, lib in libs.items()}
-    absent = ((h, e.arch, libs[e.arch]) for h, e in environments.items() if not present[e.arch])
-    return variants_missing(absent)
+    return {arch: lib for arch, lib in libs.items() if not Path(lib).is_dir()}
+
+
+def variant_problem(root: Path, environments: Mapping[str, BuildEnvironment]) -> str | None:
+    """Each host's variant present, else which not."""
+    return _said(environments, missing_variants(root, environments))
+
+
+def _said(environments: Mapping[str, BuildEnvironment], missing: Mapping[str, str]) -> str | None:
+    return variants_missing(
+        (h, e.arch, missing[e.arch]) for h, e in environments.items() if e.arch in missing
+    )
 
 
 def environment_problems(
     root: Path, backend: Backend, environments: Mapping[str, BuildEnvironment]
 ) -> list[str]:
-    """The variants, then the backend's tools and images for these build environments."""
-    problems = [p for p in [variant_problem(root, environments)] if p]
+    """The variants, then the backend's tools and images for the build environments whose
+    variant is there: a missing one's image is named after the same arch (its CUDA tag),
+    so asking for it would only say that arch's typo again."""
+    missing = missing_variants(root, environments)
+    problems = [p for p in [_said(environments, missing)] if p]
     try:
-        backend.check(list(environments.values()))
+        backend.check([e for e in environments.values() if e.arch not in missing])
     except FdlError as exc:
         problems.append(str(exc))
     return problems

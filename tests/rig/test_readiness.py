@@ -163,6 +163,21 @@ def test_missing_variant_on_the_controller(rig: RigCluster) -> None:
     ]
 
 
+@pytest.mark.docker
+def test_an_arch_typo_is_one_error_not_also_its_image(rig: RigCluster) -> None:
+    """The build image is named after the arch (its CUDA tag): a typo in 'arch' is said
+    once, as the missing variant, not again as an image of that tag missing."""
+    docker = {"image": "fdl-rig-none:{cuda_tag}"}
+    path = rig.write([host(rig, "good", arch="precompiled/cu999")], "typoimage.yaml", docker=docker)
+    done = preflight(rig, path)
+    assert done.returncode == 1, done.stderr
+    lib = rig.project / "libtorch/precompiled/cu999/lib"
+    assert verdicts(done.stdout)["ctrl"]["errors"] == [
+        f"libtorch variant(s) not found on the controller (a typo in 'arch'?): "
+        f"good (arch precompiled/cu999): {lib}"
+    ]
+
+
 def test_docker_daemon_unreachable(rig: RigCluster) -> None:
     docker = {"image": "fdl-rig-none:{cuda_tag}", "cuda_version": "12.8"}
     path = rig.write([host(rig, "good")], "nodaemon.yaml", docker=docker)
