@@ -290,6 +290,22 @@ def standbys(name: str) -> list[str]:
     return sorted(done.stdout.split())
 
 
+def standby_clients(ids: list[str]) -> list[str]:
+    """The pids of this machine's ``docker exec -i`` clients of standbys in these containers."""
+    inspected = ["docker", "inspect", "--format", "{{.Name}}", *ids]
+    done = subprocess.run(inspected, capture_output=True, text=True, check=True)
+    names = [name.lstrip("/") for name in done.stdout.split()]
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # ended meanwhile
+        if argv[:3] == ["docker", "exec", "-i"] and len(argv) > 3 and argv[3] in names:
+            found.append(cmdline.parent.name)
+    return found
+
+
 def revs_published(rig: RigCluster) -> set[str]:
     """What every host's published binary prints after ``rev=``, run over its own sshd."""
     envelopes = decode((rig.project / ENVELOPE).read_text(), "envelope")
@@ -317,10 +333,16 @@ def test_a_watch_cycle_builds_in_the_docker_exec_the_last_one_left_waiting(rig: 
         for rev in ("s1", "s2"):
             before = {n: standbys(n) for n in names}
             if rev == "s2":  # killed by hand: the cycle's builds run as docker execs
+                assert len(standby_clients(names)) == 3
                 for name, pids in before.items():
                     kill = ["sh", "-c", 'kill -KILL "$@"', "sh", *pids]
                     subprocess.run(["docker", "exec", name, *kill], check=True)
-                time.sleep(1)  # their docker clients, told by the daemon, have ended
+                # Until their docker clients, told by the daemon, have ended: a build
+                # handed to one before that is killed with it (exit 137), as it says.
+                deadline = time.monotonic() + 30
+                while standby_clients(names) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert standby_clients(names) == []
             set_rev(rig, rev)
             done += 1
             run.wait_for(functools.partial(cycle_ok, run, done), timeout=120)
