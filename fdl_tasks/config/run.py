@@ -24,6 +24,7 @@ from fdl_tasks.core.reporting import Report, Severity, report_to_stderr
 from fdl_tasks.core.said_notes import cluster_digest, notes_file, parse_state, state_text, to_say
 from fdl_tasks.core.standbys import Standbys
 from fdl_tasks.core.timeline import Timeline
+from fdl_tasks.core.user_cache import cache_home
 
 
 @attrs.frozen
@@ -113,8 +114,7 @@ class Run:
                 contents.append(Path(name).read_bytes())
             except OSError:
                 contents.append(b"")
-        cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        path = notes_file(str(self.root), cache_home)
+        path = notes_file(str(self.root), cache_home())
         try:
             state = parse_state(path.read_text(encoding="utf-8")) if path.exists() else {}
         except OSError:

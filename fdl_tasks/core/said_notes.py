@@ -18,12 +18,13 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from fdl_tasks.core.user_cache import cache_file
+
 
 def notes_file(root: str, cache_home: str) -> Path:
     """Where the notes said for the project at ``root`` are kept: under ``cache_home``
     (``$XDG_CACHE_HOME``, else ``~/.cache``), one file per project root."""
-    key = hashlib.sha256(posixpath.normpath(root).encode()).hexdigest()[:24]
-    return Path(cache_home) / "fdl-tasks" / "notes" / f"{key}.json"
+    return cache_file(cache_home, "notes", posixpath.normpath(root))
 
 
 def cluster_digest(contents: Iterable[bytes]) -> str:

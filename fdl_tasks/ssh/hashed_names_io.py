@@ -10,20 +10,17 @@ costs time, never a wrong match; it is read and written without complaint.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 from pathlib import Path
 
 from fdl_tasks.core.atomic_files import write_atomically
 from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.user_cache import cache_file, cache_home
 
 
 def names_file(known_hosts: Path) -> Path:
     """Where the names of that known_hosts file are remembered."""
-    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    key = hashlib.sha256(str(known_hosts.absolute()).encode()).hexdigest()[:24]
-    return Path(cache_home) / "fdl-tasks" / "known-hosts" / f"{key}.json"
+    return cache_file(cache_home(), "known-hosts", str(known_hosts.absolute()))
 
 
 def read_names(known_hosts: Path) -> dict[str, str]:
