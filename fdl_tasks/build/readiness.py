@@ -7,7 +7,9 @@ words (:mod:`fdl_tasks.build.readiness_io` asks the questions).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+
+from fdl_tasks.core.suggest import quoted_choice
 
 #: What a run that refuses before building adds to its reasons.
 NOTHING_BUILT = "nothing was built"
@@ -41,6 +43,17 @@ def variants_missing(absent: Iterable[tuple[str, str, str]]) -> str | None:
         return None
     return "libtorch variant(s) not found on the controller (a typo in 'arch'?): " + "; ".join(
         lines
+    )
+
+
+def controller_arch_missing(arch: str, lib: str, source: str, close: Sequence[str]) -> str:
+    """``controller.arch`` names a variant this machine lacks: fdl-tasks builds each host
+    against its own arch, but flodl's launcher builds against this one before a run."""
+    hint = f" (did you mean {quoted_choice(list(close))}?)" if close else ""
+    return (
+        f"controller.arch {arch!r} in {source} names no libtorch variant on this machine: "
+        f"{lib} is missing{hint}. fdl-tasks' builds do not use it (each host's own 'arch' "
+        "decides), but flodl's launcher builds against it before a run (fdl @<env>)"
     )
 
 

@@ -13,10 +13,17 @@ from pathlib import Path
 from fdl_tasks.build.backends.protocol import Backend
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob
 from fdl_tasks.build.build_plan import plan_environments
-from fdl_tasks.build.readiness import NOTHING_BUILT, root_missing, variants_missing
+from fdl_tasks.build.readiness import (
+    NOTHING_BUILT,
+    controller_arch_missing,
+    root_missing,
+    variants_missing,
+)
+from fdl_tasks.config.installed_variants import installed_variants
 from fdl_tasks.config.model import Worker
 from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.errors import FdlError
+from fdl_tasks.core.suggest import close_matches
 from fdl_tasks.gpu.auto_arch import AUTO
 
 
@@ -71,6 +78,18 @@ def controller_problems(
     except FdlError as exc:
         return [str(exc)]
     return environment_problems(root, backend, environments)
+
+
+def controller_arch_problem(root: Path, arch: str | None, source: str) -> str | None:
+    """``controller.arch``, which only flodl's launcher reads, naming a variant missing
+    under ``controller.path`` (a warning of preflight's: no build of ours needs it)."""
+    if arch is None or arch == AUTO or not root.is_dir():
+        return None
+    lib = f"{libtorch_dir(str(root), arch)}/lib"
+    if Path(lib).is_dir():
+        return None
+    close = close_matches(arch, [variant.arch for variant in installed_variants(root)])
+    return controller_arch_missing(arch, lib, source, close)
 
 
 def require_ready(root: Path, backend: Backend, jobs: Sequence[BuildJob]) -> None:

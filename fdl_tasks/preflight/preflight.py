@@ -15,7 +15,7 @@ import attrs
 import yaml
 
 from fdl_tasks.build.backends.protocol import Backend
-from fdl_tasks.build.readiness_io import controller_problems
+from fdl_tasks.build.readiness_io import controller_arch_problem, controller_problems
 from fdl_tasks.config.launch_mode import COMPOSE_FILES, forwarding_warning, forwards, launch_mode
 from fdl_tasks.config.model import Cluster, ComposeService, Controller, Worker
 from fdl_tasks.config.run import Run
@@ -194,7 +194,8 @@ def run_preflight(
     probed = {h: c for h, c in cross_cpu_archs(run, verdicts).items() if c in cross}
     if abi and probed != pinned:
         problems = controller_problems(run.root, source, backend, builds, probed)
-    warnings = [w for w in (loopback.result(),) if w] + compose_forwarding(run)
+    arch = controller_arch_problem(run.root, run.cluster.controller.arch, source)
+    warnings = [w for w in (loopback.result(), arch) if w] + compose_forwarding(run)
     skew = nccl_skew({v.host: v.facts.nccl if v.facts else None for v in verdicts})
     if skew is not None:
         (problems if run.settings.nccl_mismatch == "error" else warnings).append(skew)

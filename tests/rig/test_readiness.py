@@ -178,6 +178,29 @@ def test_an_arch_typo_is_one_error_not_also_its_image(rig: RigCluster) -> None:
     ]
 
 
+def test_a_controller_arch_typo_is_a_warning_that_names_the_variant_meant(rig: RigCluster) -> None:
+    """``controller.arch`` is flodl's (its launcher builds against it): a typo there is
+    said by preflight, with the installed variant it was likely meant to be, and blocks
+    nothing of ours; a good one says nothing."""
+    typo = ARCH + "x"  # the rig's one variant, mistyped
+    path = rig.write([host(rig, "good")], "ctrlarch.yaml", arch=typo)
+    done = preflight(rig, path)
+    assert done.returncode == 0, done.stderr
+    controller = verdicts(done.stdout)["ctrl"]
+    assert controller["status"] == "warning" and controller["errors"] == []
+    lib = rig.project / "libtorch" / typo / "lib"
+    assert [w for w in controller["warnings"] if "controller.arch" in w] == [
+        f"controller.arch {typo!r} in {path} names no libtorch variant on this "
+        f"machine: {lib} is missing (did you mean {ARCH!r}?). fdl-tasks' builds "
+        "do not use it (each host's own 'arch' decides), but flodl's launcher builds against "
+        "it before a run (fdl @<env>)"
+    ]
+    good = rig.write([host(rig, "good")], "ctrlarchok.yaml", arch=ARCH)
+    done = preflight(rig, good)
+    assert done.returncode == 0, done.stderr
+    assert not any("controller.arch" in w for w in verdicts(done.stdout)["ctrl"]["warnings"])
+
+
 def test_docker_daemon_unreachable(rig: RigCluster) -> None:
     docker = {"image": "fdl-rig-none:{cuda_tag}", "cuda_version": "12.8"}
     path = rig.write([host(rig, "good")], "nodaemon.yaml", docker=docker)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fdl_tasks.build.readiness import (
+    controller_arch_missing,
     crate_missing,
     cross_std_missing,
     has_std,
@@ -131,3 +132,12 @@ def test_cross_std_message_says_the_rustup_line() -> None:
     )
     assert "aarch64-unknown-linux-gnu (for aarch64 hosts): no libstd in /x" in text
     assert "rustup target add aarch64-unknown-linux-gnu" in text
+
+
+def test_a_controller_arch_typo_names_the_fix_and_what_reads_it() -> None:
+    close = controller_arch_missing("precompiled/cu12", "/p/lib", "c.yaml", ["precompiled/cu128"])
+    assert "in c.yaml names no libtorch variant on this machine: /p/lib is missing" in close
+    assert "(did you mean 'precompiled/cu128'?)" in close
+    assert "flodl's launcher builds against it" in close
+    # Nothing installed comes close: no guess.
+    assert "did you mean" not in controller_arch_missing("x", "/p/lib", "c.yaml", [])
