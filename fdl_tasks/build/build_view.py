@@ -68,6 +68,15 @@ def ran_line(seconds: float, exit_code: int) -> str:
     return f"fdl-tasks: cargo ran {seconds:.1f} s, exit {exit_code}"
 
 
+def standby_lost_line(container: str, exit_code: int) -> str:
+    """In a build's log: the docker exec that waited for it in ``container`` ended before
+    running it (its container stopped, its processes killed by a stop), so it runs anew."""
+    return (
+        f"fdl-tasks: the docker exec waiting in {container} ended (exit {exit_code}) before "
+        "the build began: the build runs in a docker exec of its own"
+    )
+
+
 def last_run_seconds(log_tail: str) -> float | None:
     """How long the last good run of this build took, from its log's last line."""
     lines = log_tail.splitlines()

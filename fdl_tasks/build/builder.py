@@ -28,7 +28,7 @@ from fdl_tasks.build.build_order import head_start
 from fdl_tasks.build.build_record import BuildRecord, forced_line, tree_digest
 from fdl_tasks.build.build_record_io import Records
 from fdl_tasks.build.build_results import JobResult
-from fdl_tasks.build.build_view import last_run_seconds, ran_line
+from fdl_tasks.build.build_view import last_run_seconds, ran_line, standby_lost_line
 from fdl_tasks.build.build_view_io import BuildView
 from fdl_tasks.cache.cache_stats import read_stats
 from fdl_tasks.cargo.manifests import changed_since
@@ -181,24 +181,23 @@ class Builder:
             if check and check.verdict.forced:
                 stream.write(forced_line(check.verdict, self.root) + "\n")
             line = self.backend.build_line(job)
-            # In a watch, a docker exec that waits for this build already (core/standbys.py).
-            promise: Any = self.standbys.start(line, stream) if self.standbys else None
-            if promise is None:
-                promise = run_in_background(self.c, line, stream)
-            process = promise.runner.process.pid
-            with self._lock:
-                self._processes[job.name] = (job, process)
+            # A docker exec that waits for this build already, if one does (core/standbys.py).
+            handed = self.standbys.start(line, stream) if self.standbys else None
             # One clock per build; the backend stops the whole build when it runs out
             # (killing the shell alone would leave cargo or the container running).
             expired = threading.Event()
-            deadline = threading.Timer(self.timeout, self._expire, (job, process, expired))
+            deadline = threading.Timer(self.timeout, self._expire, (job, expired))
             deadline.start()
             try:
-                exit_code: int = promise.join().exited
+                promise = handed.promise if handed else run_in_background(self.c, line, stream)
+                exit_code = self._joined(job, promise)
+                stopped = expired.is_set() or self.stopping.is_set()
+                if handed and exit_code and not handed.began() and not stopped:
+                    stream.write(standby_lost_line(handed.key, exit_code) + "\n")
+                    line = self.backend.build_line(job)
+                    exit_code = self._joined(job, run_in_background(self.c, line, stream))
             finally:
                 deadline.cancel()
-                with self._lock:
-                    self._processes.pop(job.name, None)
             stream.close()
             seconds = time.monotonic() - started
             log.write(ran_line(seconds, exit_code) + "\n")
@@ -259,8 +258,20 @@ class Builder:
             recording=recording,
         )
 
-    def _expire(self, job: BuildJob, process: int, expired: threading.Event) -> None:
+    def _joined(self, job: BuildJob, promise: Any) -> int:
+        """The exit status of ``job``'s running build, which a stop may kill meanwhile."""
+        with self._lock:
+            self._processes[job.name] = (job, promise.runner.process.pid)
+        try:
+            return int(promise.join().exited)
+        finally:
+            with self._lock:
+                self._processes.pop(job.name, None)
+
+    def _expire(self, job: BuildJob, expired: threading.Event) -> None:
         expired.set()
+        with self._lock:
+            process = self._processes.get(job.name, (job, None))[1]
         self._left(self.backend.stop_job(job, process))
 
 

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from fdl_tasks.core.standbys import BEGAN
+
 #: Every warm container carries these; the project's path, the job, the image's id, the digest.
 WARM_LABEL = "fdl-tasks.warm"
 WARM_JOB_LABEL = "fdl-tasks.warm.job"
@@ -178,12 +180,14 @@ def exec_line(name: str, command: Sequence[str]) -> str:
 
 
 #: A standby in a warm container (:mod:`fdl_tasks.core.standbys`): it reads the build's
-#: argv, quoted as one shell line, to the end of its stdin and runs it as
-#: :func:`exec_line` would (stdin empty); nothing read is nothing run, exit 0. A shell
-#: without ``cat`` ends it at once: the build runs as a ``docker exec`` then.
+#: argv, quoted as one shell line, to the end of its stdin, says it begins (``BEGAN``, on
+#: stderr) and runs it as :func:`exec_line` would (stdin empty); nothing read is nothing
+#: run, exit 0. A shell without ``cat`` ends it at once: the build runs as a ``docker
+#: exec`` then.
 STANDBY = (
     "command -v cat >/dev/null 2>&1 || exit 0; argv=$(cat) || exit 126; "
-    '[ -n "$argv" ] || exit 0; eval "exec $argv" </dev/null'
+    f'[ -n "$argv" ] || exit 0; echo {shlex.quote(BEGAN.strip())} >&2; '
+    'eval "exec $argv" </dev/null'
 )
 
 

@@ -12,6 +12,11 @@ build's line with the standby that can run it
 (:meth:`~fdl_tasks.build.warm_containers_io.WarmContainers.exec_line`).
 A standby closed without a command exits 0 having run nothing, so nothing is
 left behind: when the process holding it ends, its stdin closes too.
+
+A standby says :data:`BEGAN` on stderr as its command begins (held back from the
+build's output): one killed in the moment between being handed its command and
+running it (its container stopped, its processes killed by another run's stop)
+ends without having said it, and the build runs as it would have without one.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from invoke.context import Context
 
 #: Seconds a closed standby has to end before it is killed.
 CLOSE_SECONDS = 10
+#: What a standby writes to stderr as its command begins, and nothing else does.
+BEGAN = "fdl-tasks standby: the command begins\n"
 
 
 class Output(Protocol):
@@ -35,15 +42,29 @@ class Output(Protocol):
 
 
 class Relay:
-    """An output stream whose destination is set when its command is known; what a
-    standby says before that (a docker client's error as it dies) goes nowhere."""
+    """A standby's output (stdout and stderr, each written from a thread of its own):
+    held until the standby says :data:`BEGAN`, then passed to :attr:`target`, the
+    build's stream, set when the command is handed over. What it said before (a docker
+    client's error as it dies) goes nowhere; so does the mark."""
 
     def __init__(self) -> None:
         self.target: Output | None = None
+        self.began = False
+        self._held = ""
+        self._lock = threading.Lock()
 
     def write(self, text: str) -> None:
-        if self.target is not None:
-            self.target.write(text)
+        with self._lock:
+            if not self.began:
+                self._held += text
+                at = self._held.find(BEGAN)
+                if at < 0:
+                    return
+                self.began = True
+                text = self._held[:at] + self._held[at + len(BEGAN) :]
+                self._held = ""
+            if self.target is not None and text:
+                self.target.write(text)
 
     def flush(self) -> None:
         if self.target is not None:
@@ -82,6 +103,19 @@ class _Waiting:
     relay: Relay
 
 
+@attrs.frozen
+class Handed:
+    """A command handed to the standby of ``key``: its running ``promise``."""
+
+    key: str
+    promise: Any  # invoke's Promise
+    relay: Relay
+
+    def began(self) -> bool:
+        """Whether the standby ran the command (an ended one that did not never will)."""
+        return self.relay.began
+
+
 class Standbys:
     """One session's standbys, at most one waiting per key. Thread-safe: builds take
     theirs side by side."""
@@ -99,9 +133,9 @@ class Standbys:
         with self._lock:
             self._offers[line] = offer
 
-    def start(self, line: str, stream: Output) -> Any | None:
-        """``line``'s command, started in the standby waiting for it, its output to
-        ``stream``: the running promise, or ``None`` when none waits (run ``line``)."""
+    def start(self, line: str, stream: Output) -> Handed | None:
+        """``line``'s command, handed to the standby waiting for it, its output to
+        ``stream``; ``None`` when none waits (run ``line``)."""
         with self._lock:
             offer = self._offers.get(line)
             if offer is None:
@@ -121,7 +155,7 @@ class Standbys:
             waiting.relay.target = None
             _end(waiting)
             return None
-        return waiting.promise
+        return Handed(offer.key, waiting.promise, waiting.relay)
 
     def ahead(self, key: str, standby: str) -> None:
         """A standby for ``key`` started now, unless one waits: a run's build that its look

@@ -10,6 +10,7 @@ between two prebuilds starts a new one and says so.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import signal
 import subprocess
@@ -319,7 +320,9 @@ def test_a_watch_cycle_builds_in_the_docker_exec_the_last_one_left_waiting(rig: 
     """After each cycle, a watch leaves a docker exec waiting in each warm container; the
     next cycle's build runs in it (the waiting process becomes the build: gone after it,
     a new one waiting), and every host runs the edit. One killed by hand is no harm: the
-    build runs as a docker exec of its own. A stop leaves neither container nor exec."""
+    build runs as a docker exec of its own, also when the kill comes in the moment
+    between the build being handed to it and it running it (its docker client, stopped
+    here, only learns then). A stop leaves neither container nor exec."""
     path = cluster_file(rig, "standby.yaml")
     (rig.project / ENVELOPE).unlink(missing_ok=True)
     set_rev(rig, "s0")
@@ -330,8 +333,14 @@ def test_a_watch_cycle_builds_in_the_docker_exec_the_last_one_left_waiting(rig: 
         names = warm(rig)
         assert len(names) == 3
         run.wait_for(lambda: all(len(standbys(n)) == 1 for n in names), timeout=60)
-        for rev in ("s1", "s2"):
+        for rev in ("s1", "s2", "s3"):
             before = {n: standbys(n) for n in names}
+            clients = standby_clients(names)
+            if rev == "s3":  # their docker clients learn of the kill only once handed a build
+                assert len(clients) == 3
+                for pid in clients:
+                    os.kill(int(pid), signal.SIGSTOP)
+                logs = build_logs(rig)
             if rev == "s2":  # killed by hand: the cycle's builds run as docker execs
                 assert len(standby_clients(names)) == 3
                 for name, pids in before.items():
@@ -343,9 +352,21 @@ def test_a_watch_cycle_builds_in_the_docker_exec_the_last_one_left_waiting(rig: 
                 while standby_clients(names) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 assert standby_clients(names) == []
+            if rev == "s3":
+                for name, pids in before.items():
+                    kill = ["sh", "-c", 'kill -KILL "$@"', "sh", *pids]
+                    subprocess.run(["docker", "exec", name, *kill], check=True)
             set_rev(rig, rev)
             done += 1
+            if rev == "s3":  # each build has opened its log, then is handed to a client
+                run.wait_for(functools.partial(rewritten, rig, logs), timeout=120)
+                time.sleep(3)
+                for pid in clients:
+                    os.kill(int(pid), signal.SIGCONT)
             run.wait_for(functools.partial(cycle_ok, run, done), timeout=120)
+            if rev == "s3":
+                lost = "ended (exit 137) before the build began: the build runs in a docker exec"
+                assert all(lost in Path(p).read_text() for p in logs), logs
             assert revs_published(rig) == {rev}
             assert warm(rig) == names
             run.wait_for(lambda: all(len(standbys(n)) == 1 for n in names), timeout=60)
@@ -355,6 +376,19 @@ def test_a_watch_cycle_builds_in_the_docker_exec_the_last_one_left_waiting(rig: 
         assert warm(rig, running=False) == []
     finally:
         set_rev(rig, "0")
+
+
+def build_logs(rig: RigCluster) -> dict[str, int]:
+    """Each build log of the project, by its inode and modification time (a build opens
+    its log afresh as it begins)."""
+    found = (rig.project / "target/cluster").glob("**/build-ddp-bench.log")
+    return {str(p): hash((p.stat().st_ino, p.stat().st_mtime_ns)) for p in found}
+
+
+def rewritten(rig: RigCluster, logs: dict[str, int]) -> bool:
+    """Whether every one of these build logs was opened afresh since."""
+    now = build_logs(rig)
+    return all(now.get(path) != seen for path, seen in logs.items())
 
 
 def short_id(name: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -59,10 +60,10 @@ def test_the_next_build_runs_in_the_standby_its_last_one_left(tmp_path: Path) ->
     time.sleep(0.2)
     os.kill(pid, 0)  # waiting, not ended
     stream = io.StringIO()
-    promise = standbys.start(line, stream)
-    assert promise is not None
-    result = promise.join()
-    assert result.exited == 3
+    handed = standbys.start(line, stream)
+    assert handed is not None and handed.key == "k"
+    result = handed.promise.join()
+    assert result.exited == 3 and handed.began()
     said = stream.getvalue()  # stdout and stderr (one write each), a thread reading each
     assert said.replace("to-stderr\n", "", 1) == "a b|it's|two\nlines|$HOME|\n", said
     assert standbys.start(line, io.StringIO()) is None  # used: none waits until a refill
@@ -83,9 +84,9 @@ def test_a_standby_started_ahead_runs_the_first_build_of_its_key(tmp_path: Path)
     standbys.ahead("unused", STANDBY_LINE)
     unused = standbys._waiting["unused"].promise.runner.process
     line = offered(standbys, ["touch", str(tmp_path / "ran")])
-    promise = standbys.start(line, io.StringIO())
-    assert promise is not None and promise.runner.process.pid == pid
-    assert promise.join().exited == 0
+    handed = standbys.start(line, io.StringIO())
+    assert handed is not None and handed.promise.runner.process.pid == pid
+    assert handed.promise.join().exited == 0
     assert (tmp_path / "ran").exists()
     standbys.close()
     assert unused.poll() == 0
@@ -146,3 +147,32 @@ def test_a_shell_without_cat_ends_its_standby_at_once(tmp_path: Path) -> None:
     )
     assert done.returncode == 0
     assert not (tmp_path / "never").exists()
+
+
+def test_a_standby_killed_after_being_handed_its_command_says_it_never_began(
+    tmp_path: Path,
+) -> None:
+    """A docker client learns of its exec's death only a moment later: a command handed
+    to it then is never run, and the build can tell (it runs the line of its own then).
+    The script here runs behind a parent that outlives it by 2 s, as that client does;
+    the command it is handed, and the mark of a begun one, never reach the build."""
+    pid_file = tmp_path / "script.pid"
+    # An asynchronous list's stdin is /dev/null unless it is given another fd's.
+    parent = 'exec 3<&0; sh -c "$1" <&3 3<&- & echo $! > "$2"; wait $!; s=$?; sleep 2; exit $s'
+    lagging = shlex.join(["sh", "-c", parent, "sh", STANDBY, str(pid_file)])
+    standbys = Standbys(Context())
+    standbys.ahead("k", lagging)
+    deadline = time.monotonic() + 10
+    while not (pid_file.exists() and pid_file.read_text(encoding="utf-8").endswith("\n")):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(int(pid_file.read_text(encoding="utf-8")), signal.SIGKILL)
+    line = offered(standbys, ["touch", str(tmp_path / "ran")])
+    stream = io.StringIO()
+    handed = standbys.start(line, stream)
+    assert handed is not None  # its client was still there
+    assert handed.promise.join().exited == 128 + signal.SIGKILL
+    assert not handed.began()
+    assert not (tmp_path / "ran").exists()
+    assert stream.getvalue() == ""
+    standbys.close()
