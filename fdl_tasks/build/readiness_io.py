@@ -21,7 +21,7 @@ from fdl_tasks.build.readiness import (
 )
 from fdl_tasks.config.installed_variants import installed_variants
 from fdl_tasks.config.model import Worker
-from fdl_tasks.config.variants import libtorch_dir
+from fdl_tasks.config.variants import variant_lib
 from fdl_tasks.core.errors import FdlError
 from fdl_tasks.core.suggest import close_matches
 from fdl_tasks.gpu.auto_arch import AUTO
@@ -29,7 +29,7 @@ from fdl_tasks.gpu.auto_arch import AUTO
 
 def missing_variants(root: Path, environments: Mapping[str, BuildEnvironment]) -> dict[str, str]:
     """Each arch among these whose ``<controller.path>/libtorch/<arch>/lib`` is not there."""
-    libs = {e.arch: f"{libtorch_dir(str(root), e.arch)}/lib" for e in environments.values()}
+    libs = {e.arch: variant_lib(str(root), e.arch) for e in environments.values()}
     return {arch: lib for arch, lib in libs.items() if not Path(lib).is_dir()}
 
 
@@ -85,7 +85,7 @@ def controller_arch_problem(root: Path, arch: str | None, source: str) -> str | 
     under ``controller.path`` (a warning of preflight's: no build of ours needs it)."""
     if arch is None or arch == AUTO or not root.is_dir():
         return None
-    lib = f"{libtorch_dir(str(root), arch)}/lib"
+    lib = variant_lib(str(root), arch)
     if Path(lib).is_dir():
         return None
     close = close_matches(arch, [variant.arch for variant in installed_variants(root)])
