@@ -64,7 +64,13 @@ class ProbeRequest:
         return cls(host.data_path or DEFAULT_DATA_PATH, declared, abi, paths, variant, nccl)
 
     def script(self) -> str:
-        """POSIX sh that always exits 0 and prints every fact between the markers."""
+        """POSIX sh that always exits 0 and prints every fact between the markers.
+
+        On a host with a GPU tool (``nvidia-smi`` can take a second to wake a driver), it
+        runs beside ``ldd`` on the variant's libraries (each one's dependencies mapped):
+        preflight waits for its slowest host before any build. ``ldd``'s answers are then
+        held until ``wait``, so no line is shared; the rest are short lines, each written
+        whole. A host without one pays no extra process."""
         path = shlex.quote(self.data_path)
         lines = [
             f"echo {BEGIN}",
@@ -74,12 +80,17 @@ class ProbeRequest:
         if self.paths is not None:
             lines += self.paths.lines()
         if self.abi:
+            libs = "\n".join(self.variant.lines()) if self.variant else ":"
             lines += [
                 *HOST_FACT_LINES,
                 "if command -v pkill >/dev/null 2>&1; then echo pkill=yes; else echo pkill=no; fi",
-                *GPU_FACT_LINES,
-                *(self.variant.lines() if self.variant else ()),
+                "fdl_gpus() {\n" + "\n".join(GPU_FACT_LINES) + "\n}",
+                f"fdl_libs() {{\n{libs}\n}}",
+                "if command -v nvidia-smi >/dev/null 2>&1 || command -v rocminfo >/dev/null 2>&1; "
+                "then fdl_gpus & u=$(fdl_libs); else fdl_gpus; fdl_libs; u=; fi",
                 *(self.nccl.lines() if self.nccl else ()),
+                "wait",
+                '[ -z "$u" ] || printf \'%s\\n\' "$u"',
             ]
         lines += [f"echo {END}", "exit 0"]
         return "\n".join(lines)

@@ -26,20 +26,26 @@ from fdl_tasks.ssh.answers import BEGIN, END, HOST_FACT_LINES, glibc_version, ma
 
 def verification_script(worker_path: str, entry: PerHostEnvelope) -> str:
     """Hash the binary, read its ELF header, list unresolved libraries, report the host's
-    libc and CPU architecture: one round trip, in the host's own view of the paths."""
+    libc and CPU architecture: one round trip, in the host's own view of the paths.
+
+    The hash (the whole binary read through the host's mount, hundreds of MB for a
+    libtorch command) and ``ldd`` (the variant's libraries mapped) run side by side: the
+    last host's answer is on every prebuild's way to its envelope. ``ldd``'s lines are
+    held in a variable and printed after ``wait``, so the two never share a line."""
     binary = shlex.quote(join_path(worker_path, entry.bin))
     library_path = shlex.quote(entry.ld_library_path)
     return "\n".join(
         [
             f"echo {BEGIN}",
-            f"if [ -f {binary} ]; then echo \"sha256=$(sha256sum {binary} | cut -d' ' -f1)\"; "
-            "else echo sha256=missing; fi",
-            f"LD_LIBRARY_PATH={library_path} ldd {binary} 2>&1 | "
+            f"if [ -f {binary} ]; then (h=$(sha256sum {binary} | cut -d' ' -f1); "
+            f"e=$(od -An -tu1 -N20 {binary} | tr -s ' \\n' ' '); "
+            'printf \'sha256=%s\\nelf=%s\\n\' "$h" "$e") & else echo sha256=missing; fi',
+            f"m=$(LD_LIBRARY_PATH={library_path} ldd {binary} 2>&1 | "
             "sed -n -e 's/^[[:space:]]*\\([^[:space:]]*\\) => not found.*/missing_lib=\\1/p' "
-            f"-e {shlex.quote(UNMET_SED)}",
+            f"-e {shlex.quote(UNMET_SED)})",
             *HOST_FACT_LINES,
-            f"[ -f {binary} ] && printf 'elf=%s\\n' "
-            f"\"$(od -An -tu1 -N20 {binary} | tr -s ' \\n' ' ')\"",
+            "wait",
+            '[ -z "$m" ] || printf \'%s\\n\' "$m"',
             f"echo {END}",
             "exit 0",
         ]

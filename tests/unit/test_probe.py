@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from fdl_tasks.preflight.probe import (
     unreachable,
 )
 from fdl_tasks.preflight.probe_report import note_lines, report_lines
+from fdl_tasks.preflight.unmet_versions import VariantLibraries
+from tests.unit.meeting_shims import meeting_shims, met
 
 CONTROLLER = ControllerAbi("x86_64", (2, 36))
 ABI = ProbeRequest("/data", True, abi=True)
@@ -72,6 +75,36 @@ def test_ldd_is_asked_only_when_getconf_names_no_glibc(
     assert facts is not None and facts.libc == libc, done.stdout
     assert (tmp_path / "ldd-ran").exists() == ldd_runs
     assert facts.musl == ldd_runs
+
+
+def test_the_gpu_tools_run_beside_ldd_and_every_answer_comes_out_whole(tmp_path: Path) -> None:
+    """``nvidia-smi`` (slow to wake a driver) and ``ldd`` on the variant's libraries run side
+    by side (:mod:`tests.unit.meeting_shims`); ``ldd``'s 200 answers, more than a pipe
+    writes at once, come out whole beside the GPU tool's."""
+    shims, meet, lib = tmp_path / "shims", tmp_path / "meet", tmp_path / "lib"
+    for folder in (shims, meet, lib):
+        folder.mkdir()
+    (lib / "libtorch_cpu.so").write_bytes(b"")
+    unmet = "".join(
+        f"{lib}/libtorch_cpu.so: /lib/libc.so.6: version `GLIBC_2.{n}' not found "
+        f"(required by {lib}/libtorch_cpu.so)\n"
+        for n in range(100, 300)
+    )
+    gpu = "0, NVIDIA GeForce GTX 1080, 6.1, 535.183.01"
+    tools = {
+        "nvidia-smi": ("ldd", f"echo {shlex.quote(gpu)}"),
+        "ldd": ("nvidia-smi", f"printf '%s' {shlex.quote(unmet)}"),
+    }
+    meeting_shims(shims, meet, tools)
+    variant = VariantLibraries("precompiled/cu118", str(lib), str(lib))
+    request = ProbeRequest(str(tmp_path), True, abi=True, variant=variant)
+    env = {"PATH": f"{shims}:/usr/bin:/bin", "MEET": str(meet)}
+    done = subprocess.run(["sh", "-c", request.script()], capture_output=True, text=True, env=env)
+    assert met(meet, "nvidia-smi", "ldd")
+    facts = parse_facts(done.stdout)
+    assert facts is not None and facts.gpus is not None
+    assert [g.name for g in facts.gpus.gpus] == ["NVIDIA GeForce GTX 1080"]
+    assert [u.version for u in facts.unmet] == [f"GLIBC_2.{n}" for n in range(100, 300)]
 
 
 def test_script_quotes_the_data_path(tmp_path: Path) -> None:

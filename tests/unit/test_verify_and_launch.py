@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -20,6 +21,7 @@ from fdl_tasks.publish.verification import copy_problems, parse_verification, ve
 from fdl_tasks.publish.verification_io import FirstAsks, verify_copies
 from fdl_tasks.ssh.outcomes import Outcome, Reply
 from fdl_tasks.ssh.sshconfig import ssh_config_block
+from tests.unit.meeting_shims import meeting_shims, met
 
 
 def test_required_glibc_reads_a_real_elf() -> None:
@@ -64,6 +66,39 @@ def test_verification_script_against_this_machine(tmp_path: Path) -> None:
     gone = parse_verification(done.stdout)
     assert gone is not None and gone.sha256 is None
     assert "does not exist" in copy_problems("h", "p", gone, "x", None)[0]
+
+
+def test_verification_hashes_while_ldd_reads_and_keeps_every_line_whole(tmp_path: Path) -> None:
+    """The hash and ``ldd`` run side by side (:mod:`tests.unit.meeting_shims`), and
+    ``ldd``'s lines, here 200 of them (more than a pipe writes at once), come out whole
+    beside the hash's."""
+    shims, meet = tmp_path / "shims", tmp_path / "meet"
+    shims.mkdir()
+    meet.mkdir()
+    missing = "".join(f"\tlibgone{n}.so => not found\n" for n in range(200))
+    tools = {
+        "sha256sum": ("ldd", 'exec /usr/bin/sha256sum "$@"'),
+        "ldd": ("sha256sum", f"printf '%s' {shlex.quote(missing)}"),
+    }
+    meeting_shims(shims, meet, tools)
+    (tmp_path / "bin").mkdir()
+    binary = tmp_path / "bin" / "tool"
+    binary.write_bytes(Path("/bin/true").read_bytes())
+    entry = PerHostEnvelope("bin/tool", "/nonexistent/lib")
+    done = subprocess.run(
+        ["sh", "-c", verification_script(str(tmp_path), entry)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": f"{shims}:/usr/bin:/bin", "MEET": str(meet)},
+    )
+    assert met(meet, "sha256sum", "ldd")
+    copy = parse_verification(done.stdout)
+    assert copy is not None
+    assert copy.sha256 == file_sha256(binary)
+    assert copy.binary_cpu_arch == os.uname().machine
+    assert copy.missing_libraries == tuple(f"libgone{n}.so" for n in range(200))
+    assert copy.glibc is not None
 
 
 WORKER = Worker("b", "/mnt/p", "precompiled/cu128", env={"NCCL_DEBUG": "WARN", "X": "w"})
