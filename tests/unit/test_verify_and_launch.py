@@ -36,19 +36,21 @@ def test_required_glibc_rejects_a_non_elf(tmp_path: Path) -> None:
         required_glibc(text)
 
 
+def verified_here(root: Path, entry: PerHostEnvelope, env: dict[str, str] | None = None) -> str:
+    """The verification script's answer, run on this machine as a host's shell would."""
+    script = verification_script(str(root), entry)
+    return subprocess.run(
+        ["sh", "-c", script], capture_output=True, text=True, check=True, env=env
+    ).stdout
+
+
 def test_verification_script_against_this_machine(tmp_path: Path) -> None:
     (tmp_path / "bin").mkdir()
     binary = tmp_path / "bin" / "tool with space"
     binary.write_bytes(Path("/bin/true").read_bytes())
     binary.chmod(0o755)
     entry = PerHostEnvelope("bin/tool with space", "/nonexistent/lib")
-    done = subprocess.run(
-        ["sh", "-c", verification_script(str(tmp_path), entry)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    copy = parse_verification(done.stdout)
+    copy = parse_verification(verified_here(tmp_path, entry))
     assert copy is not None
     assert copy.sha256 == file_sha256(binary)
     assert copy.missing_libraries == ()
@@ -57,13 +59,7 @@ def test_verification_script_against_this_machine(tmp_path: Path) -> None:
     assert "differs" in copy_problems("h", "p", copy, "0" * 64, None)[0]
     assert "needs glibc 9.9" in copy_problems("h", "p", copy, copy.sha256 or "", (9, 9))[0]
     missing = PerHostEnvelope("bin/none", "/l")
-    done = subprocess.run(
-        ["sh", "-c", verification_script(str(tmp_path), missing)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    gone = parse_verification(done.stdout)
+    gone = parse_verification(verified_here(tmp_path, missing))
     assert gone is not None and gone.sha256 is None
     assert "does not exist" in copy_problems("h", "p", gone, "x", None)[0]
 
@@ -85,15 +81,9 @@ def test_verification_hashes_while_ldd_reads_and_keeps_every_line_whole(tmp_path
     binary = tmp_path / "bin" / "tool"
     binary.write_bytes(Path("/bin/true").read_bytes())
     entry = PerHostEnvelope("bin/tool", "/nonexistent/lib")
-    done = subprocess.run(
-        ["sh", "-c", verification_script(str(tmp_path), entry)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": f"{shims}:/usr/bin:/bin", "MEET": str(meet)},
-    )
+    answer = verified_here(tmp_path, entry, {"PATH": f"{shims}:/usr/bin:/bin", "MEET": str(meet)})
     assert met(meet, "sha256sum", "ldd")
-    copy = parse_verification(done.stdout)
+    copy = parse_verification(answer)
     assert copy is not None
     assert copy.sha256 == file_sha256(binary)
     assert copy.binary_cpu_arch == os.uname().machine
