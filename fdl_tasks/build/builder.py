@@ -37,7 +37,7 @@ from fdl_tasks.config.variants import libtorch_dir
 from fdl_tasks.core.atomic_files import SECOND_NS, copy_atomically, log_tail
 from fdl_tasks.core.binary_files import BinaryFacts, file_sha256, readable_facts
 from fdl_tasks.core.interrupts import sigterm_as_interrupt
-from fdl_tasks.core.standbys import Standbys, run_in_background
+from fdl_tasks.core.standbys import Running, Spawned, Standbys, run_in_background
 
 #: What the board says of a build whose record shows nothing changed.
 UNCHANGED = "unchanged since its last build: cargo not started"
@@ -68,7 +68,7 @@ class Builder:
         self.c, self.root, self.backend, self.cache = c, root, backend, backend.cache
         self.timeout, self.jobs, self.view, self.records = timeout, jobs, view, records
         self.standbys, self.on_built = standbys, on_built
-        self._processes: dict[str, tuple[BuildJob, int]] = {}
+        self._processes: dict[str, tuple[BuildJob, int | None]] = {}
         self._lock = threading.Lock()
         #: Writes each successful build's record while the run goes on.
         self._recorder = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="record")
@@ -189,13 +189,13 @@ class Builder:
             deadline = threading.Timer(self.timeout, self._expire, (job, expired))
             deadline.start()
             try:
-                promise = handed.promise if handed else run_in_background(self.c, line, stream)
-                exit_code = self._joined(job, promise)
+                running = handed.running if handed else self._spawned(line, stream)
+                exit_code = self._joined(job, running)
                 stopped = expired.is_set() or self.stopping.is_set()
                 if handed and exit_code and not handed.began() and not stopped:
                     stream.write(standby_lost_line(handed.key, exit_code) + "\n")
                     line = self.backend.build_line(job)
-                    exit_code = self._joined(job, run_in_background(self.c, line, stream))
+                    exit_code = self._joined(job, self._spawned(line, stream))
             finally:
                 deadline.cancel()
             stream.close()
@@ -258,12 +258,15 @@ class Builder:
             recording=recording,
         )
 
-    def _joined(self, job: BuildJob, promise: Any) -> int:
+    def _spawned(self, line: str, stream: Any) -> Running:
+        return Spawned(run_in_background(self.c, line, stream))
+
+    def _joined(self, job: BuildJob, running: Running) -> int:
         """The exit status of ``job``'s running build, which a stop may kill meanwhile."""
         with self._lock:
-            self._processes[job.name] = (job, promise.runner.process.pid)
+            self._processes[job.name] = (job, running.pid)
         try:
-            return int(promise.join().exited)
+            return running.wait()
         finally:
             with self._lock:
                 self._processes.pop(job.name, None)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fdl_tasks.build.backends.registry import backend_for
 from fdl_tasks.build.build_plan import live_target_dirs
+from fdl_tasks.build.parked_standbys import park_dir
 from fdl_tasks.build.warm_containers_io import remove_project_containers
 from fdl_tasks.config.installed_variants import expand_auto
 from fdl_tasks.config.layout import CLUSTER_TARGET, LOCK_FILE, OWN_ENTRIES, WATCH_DIR, stale_dirs
@@ -114,11 +115,14 @@ def clean_target_tree(run: Run, *, list_only: bool, everything: bool) -> None:
 
 
 def remove_warm(run: Run) -> list[str]:
-    """The project's warm build containers removed (in a mode that has containers); what
-    could not be, each a line naming it and the command that removes it."""
+    """The project's warm build containers removed (in a mode that has containers), and
+    the standbys parked in them; what could not be, each a line naming it and the
+    command that removes it."""
     if backend_for(run.cluster).mode == "native":
         return []
-    return remove_project_containers(str(run.root))
+    left = remove_project_containers(str(run.root))
+    shutil.rmtree(park_dir(str(run.root)), ignore_errors=True)
+    return left
 
 
 def clean_warm(run: Run) -> None:

@@ -35,6 +35,9 @@ COLD_OPTIONS = ("--entrypoint", "-t", "--tty", "-i", "--interactive", "-a", "--a
 #: Options whose value is a host path read when the container starts.
 _MOUNT_OPTIONS = {"-v": "volume", "--volume": "volume", "--mount": "mount"}
 _ENV_OPTIONS = ("-e", "--env")
+#: Where a warm container of a ``docker run`` build sees its project's parked standbys
+#: (:mod:`fdl_tasks.build.parked_standbys`): one directory per container, named after it.
+PARK_MOUNT = "/fdl-standby"
 
 
 @attrs.frozen
@@ -50,13 +53,15 @@ def keeper(idle_seconds: int) -> str:
 
     It counts seconds in which ``/proc`` shows no process but itself (no ``docker
     exec`` running), so a long build never counts as idle and nothing outside the
-    container (no ``inv``) has to be alive. As PID 1 it also reaps what a build
-    orphans (dash and bash wait for any child).
+    container (no ``inv``) has to be alive. A parked standby waiting in
+    :data:`PARK_MOUNT` (:data:`PARK`) is not work. As PID 1 it also reaps what a
+    build orphans (dash and bash wait for any child).
     """
     return (
         "trap 'exit 0' TERM INT; idle=0; "
         f"while [ $idle -lt {int(idle_seconds)} ]; do sleep 1; idle=$((idle + 1)); "
-        "for p in /proc/[0-9]*; do [ ${p#/proc/} = 1 ] || idle=0; done; done"
+        "for p in /proc/[0-9]*; do [ ${p#/proc/} = 1 ] || "
+        f"[ $p/cwd -ef {PARK_MOUNT} ] || idle=0; done; done"
     )
 
 
@@ -196,9 +201,34 @@ def standby_line(name: str) -> str:
     return shlex.join(["docker", "exec", "-i", name, "sh", "-c", STANDBY])
 
 
+#: A standby parked by one prebuild for the next: started with ``docker exec -d`` (no
+#: client waits with it), it waits in :data:`PARK_MOUNT` (where the keeper does not count
+#: it as work) for its command on the FIFO ``go``, writes its output to the FIFO ``out``
+#: the claiming run reads, says it begins, runs the command in the exec's own working
+#: directory and leaves its exit status in ``status``. Nothing read is nothing run, exit 0.
+PARK = (
+    f"w=$PWD; cd {PARK_MOUNT} || exit 0; "
+    'argv=$(cat "$1/go") || exit 0; [ -n "$argv" ] || exit 0; '
+    'exec >"$1/out" 2>&1 </dev/null; cd "$w" || exit 126; '
+    f"echo {shlex.quote(BEGAN.strip())} >&2; "
+    f'eval "$argv"; echo $? >"{PARK_MOUNT}/$1/status"'
+)
+
+
+def park_argv(name: str) -> list[str]:
+    """A standby parked in container ``name``, in the directory named after it."""
+    return ["docker", "exec", "-d", name, "sh", "-c", PARK, "sh", name]
+
+
 def gone_reason(last_used: float | None, now: float, settings: WarmSettings) -> str | None:
     """Why the container a build used last is not there any more, when it was not its
     idle timeout (``None``: never made, or it stopped itself, as it should)."""
     if last_used is None or now - last_used >= settings.idle_seconds:
         return None
     return "the Docker daemon restarted, or it was stopped or removed by hand"
+
+
+def running(container: dict[str, object] | None) -> bool:
+    """Whether an inspected container (``None``: none) is running."""
+    state = container.get("State") if container else None
+    return isinstance(state, dict) and state.get("Status") == "running"

@@ -25,6 +25,7 @@ from fdl_tasks.build.docker_api import DockerApi, DockerError, container_name, l
 from fdl_tasks.build.docker_tools import remove_containers
 from fdl_tasks.build.warm_containers import (
     KILL_BUILDS,
+    PARK_MOUNT,
     WARM_IMAGE_LABEL,
     WARM_JOB_LABEL,
     WARM_LABEL,
@@ -39,6 +40,7 @@ from fdl_tasks.build.warm_containers import (
     identity,
     keeper_argv,
     run_start,
+    running,
     spec_digest,
     standby_line,
     warm_name,
@@ -100,8 +102,9 @@ class WarmContainers:
         self, root: str, settings: WarmSettings, say: Report, standbys: Standbys | None = None
     ) -> None:
         self.root, self.settings, self.say, self.standbys = root, settings, say, standbys
-        #: Job name → the container its build runs in.
+        #: Job name → the container its build runs in; those a standby may be parked in.
         self.used: dict[str, str] = {}
+        self.parkable: set[str] = set()
         self._lock = threading.Lock()
         self._said: set[str] = set()
         self._entrypoints: dict[str, str | None] = {}
@@ -137,6 +140,8 @@ class WarmContainers:
             return None
         with self._lock:
             self.used[job] = name
+            if any(option.endswith(f":{PARK_MOUNT}") for option in options):
+                self.parkable.add(name)
         return name
 
     def stand_by(self, image_id: str | None, options: Sequence[str]) -> None:
@@ -159,7 +164,8 @@ class WarmContainers:
         """The build's ``docker exec`` in container ``name``, offered to the standbys."""
         line = exec_line(name, command)
         if self.standbys is not None:
-            offer = Offer(name, standby_line(name), shlex.join(exec_argv(command)))
+            text = shlex.join(exec_argv(command))
+            offer = Offer(name, standby_line(name), text, name in self.parkable)
             self.standbys.offer(line, offer)
         return line
 
@@ -226,12 +232,6 @@ class WarmContainers:
         with self._lock:
             names = sorted(set(self.used.values()))
         return [line for name in names for line in kill_builds(name)]
-
-
-def running(container: dict[str, object] | None) -> bool:
-    """Whether an inspected container (``None``: none) is running."""
-    state = container.get("State") if container else None
-    return isinstance(state, dict) and state.get("Status") == "running"
 
 
 def kill_builds(name: str) -> list[str]:

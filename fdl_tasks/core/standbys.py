@@ -17,6 +17,11 @@ A standby says :data:`BEGAN` on stderr as its command begins (held back from the
 build's output): one killed in the moment between being handed its command and
 running it (its container stopped, its processes killed by another run's stop)
 ends without having said it, and the build runs as it would have without one.
+
+A prebuild also leaves, as it ends, a standby *parked* for the next one in each
+container it built in (:class:`Parked`, :mod:`fdl_tasks.build.parked_standbys`):
+nothing on this machine waits with it, so the next ``inv`` pays no ``docker exec``
+start at all for its builds; a line offered as ``parkable`` runs in one when it waits.
 """
 
 from __future__ import annotations
@@ -90,11 +95,51 @@ def run_in_background(c: Context, line: str, output: Output) -> Any:
 @attrs.frozen
 class Offer:
     """A line that may run in a standby: ``key`` names the standby (its container),
-    ``standby`` starts one, ``text`` is what the line runs, written to its stdin."""
+    ``standby`` starts one, ``text`` is what the line runs, written to its stdin;
+    ``parkable``: a standby may be parked there (:class:`Parked`)."""
 
     key: str
     standby: str
     text: str
+    parkable: bool = False
+
+
+class Running(Protocol):
+    """A build's command under way: its process on this machine (``None``: none) and,
+    once it has ended, its exit status."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
+@attrs.frozen
+class Spawned:
+    """A command Invoke started (:func:`run_in_background`) as a :class:`Running`."""
+
+    promise: Any  # invoke's Promise
+
+    @property
+    def pid(self) -> int | None:
+        return int(self.promise.runner.process.pid)
+
+    def wait(self) -> int:
+        return int(self.promise.join().exited)
+
+
+class Parked(Protocol):
+    """Standbys left by one run for the next, each keyed like :class:`Offer` s."""
+
+    def waiting(self, key: str) -> bool:
+        """Whether one was parked for ``key`` (it may have died since)."""
+
+    def claim(self, key: str, text: str, relay: Output) -> Running | None:
+        """``text`` run by the one parked for ``key``, its output to ``relay``; ``None``
+        when none waits there any more."""
+
+    def park(self, key: str) -> None:
+        """One parked for ``key``, started without waiting for it."""
 
 
 @attrs.define
@@ -105,10 +150,10 @@ class _Waiting:
 
 @attrs.frozen
 class Handed:
-    """A command handed to the standby of ``key``: its running ``promise``."""
+    """A command handed to the standby of ``key``, ``running``."""
 
     key: str
-    promise: Any  # invoke's Promise
+    running: Running
     relay: Relay
 
     def began(self) -> bool:
@@ -120,11 +165,11 @@ class Standbys:
     """One session's standbys, at most one waiting per key. Thread-safe: builds take
     theirs side by side."""
 
-    def __init__(self, c: Context) -> None:
-        self.c = c
+    def __init__(self, c: Context, parked: Parked | None = None) -> None:
+        self.c, self.parked = c, parked
         self._offers: dict[str, Offer] = {}
-        #: Keys a build used, with their standby's line: :meth:`refill` starts these.
-        self._wanted: dict[str, str] = {}
+        #: Keys a build used, with their offer: :meth:`refill` starts these.
+        self._wanted: dict[str, Offer] = {}
         self._waiting: dict[str, _Waiting] = {}
         self._lock = threading.Lock()
 
@@ -140,10 +185,10 @@ class Standbys:
             offer = self._offers.get(line)
             if offer is None:
                 return None
-            self._wanted[offer.key] = offer.standby
+            self._wanted[offer.key] = offer
             waiting = self._waiting.pop(offer.key, None)
         if waiting is None:
-            return None
+            return self._claim(offer, stream)
         runner = waiting.promise.runner
         waiting.relay.target = stream
         try:
@@ -155,11 +200,22 @@ class Standbys:
             waiting.relay.target = None
             _end(waiting)
             return None
-        return Handed(offer.key, waiting.promise, waiting.relay)
+        return Handed(offer.key, Spawned(waiting.promise), waiting.relay)
+
+    def _claim(self, offer: Offer, stream: Output) -> Handed | None:
+        """The offer run by the standby parked for its key, if one waits."""
+        if self.parked is None or not offer.parkable:
+            return None
+        relay = Relay()
+        relay.target = stream
+        running = self.parked.claim(offer.key, offer.text, relay)
+        return None if running is None else Handed(offer.key, running, relay)
 
     def ahead(self, key: str, standby: str) -> None:
-        """A standby for ``key`` started now, unless one waits: a run's build that its look
-        says will run, while preflight waits on the hosts."""
+        """A standby for ``key`` started now, unless one waits, or is parked: a run's build
+        that its look says will run, while preflight waits on the hosts."""
+        if self.parked is not None and self.parked.waiting(key):
+            return
         with self._lock:
             if key not in self._waiting:
                 self._waiting[key] = self._started(standby)
@@ -168,23 +224,28 @@ class Standbys:
         """A standby for every key a build used, where none waits. A key whose standby
         ended unused (its container stopped or was replaced) is forgotten."""
         with self._lock:
-            for key, standby in list(self._wanted.items()):
+            for key, offer in list(self._wanted.items()):
                 waiting = self._waiting.get(key)
                 if waiting is not None and waiting.promise.runner.process_is_finished:
                     del self._waiting[key], self._wanted[key]
                     _end(waiting)
                 elif waiting is None:
-                    self._waiting[key] = self._started(standby)
+                    self._waiting[key] = self._started(offer.standby)
 
     def _started(self, standby: str) -> _Waiting:
         relay = Relay()
         return _Waiting(run_in_background(self.c, standby, relay), relay)
 
-    def close(self) -> None:
-        """Every waiting standby told there is nothing to run: each exits at once."""
+    def close(self, *, park: bool = False) -> None:
+        """Every waiting standby told there is nothing to run: each exits at once. With
+        ``park``, one parked for the next run where a build used a parkable offer."""
         with self._lock:
             waiting, self._waiting = list(self._waiting.values()), {}
-            self._wanted.clear()
+            wanted, self._wanted = list(self._wanted.values()), {}
+        if park and self.parked is not None:
+            for offer in wanted:
+                if offer.parkable:
+                    self.parked.park(offer.key)
         for one in waiting:
             with contextlib.suppress(OSError):
                 one.promise.runner.close_proc_stdin()

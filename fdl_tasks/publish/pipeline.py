@@ -23,6 +23,7 @@ from fdl_tasks.build.build_environment import BuildJob
 from fdl_tasks.build.build_record_io import Records
 from fdl_tasks.build.build_results import JobResult, settled
 from fdl_tasks.build.build_step import build_records, run_backend, run_builds
+from fdl_tasks.build.parked_standbys import Parking
 from fdl_tasks.build.readiness import crate_missing, root_missing
 from fdl_tasks.build.readiness_io import require_ready
 from fdl_tasks.config.layout import LOCK_FILE
@@ -136,15 +137,20 @@ def prebuild(
 @contextmanager
 def standing_by(run: Run) -> Iterator[Run]:
     """The run with standbys of its own for its builds (:mod:`fdl_tasks.core.standbys`),
-    each closed at the end if unused; a watch's run keeps its session's."""
+    each closed at the end if unused, and, if it succeeded, one parked for the next run
+    in each container it built in (under the project lock, where builds claim them);
+    a watch's run keeps its session's."""
     if run.standbys is not None or not run.settings.warm_containers:
         yield run
         return
-    standbys = Standbys(run.c)
+    standbys = Standbys(run.c, Parking(str(run.root)))
     try:
         yield attrs.evolve(run, standbys=standbys)
-    finally:
+    except BaseException:
         standbys.close()
+        raise
+    with project_lock(run.root / LOCK_FILE, run.report):
+        standbys.close(park=True)
 
 
 def build_and_publish(

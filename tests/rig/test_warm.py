@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -21,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from fdl_tasks.build.docker_tools import remove_containers
-from fdl_tasks.build.warm_containers import WARM_IMAGE_LABEL, WARM_LABEL
+from fdl_tasks.build.parked_standbys import park_dir
+from fdl_tasks.build.warm_containers import PARK_MOUNT, WARM_IMAGE_LABEL, WARM_LABEL
 from fdl_tasks.core.binary_files import file_sha256
 from fdl_tasks.publish.envelope import decode
 from rig.docker_builder import BUILDER_IMAGE
@@ -172,9 +174,11 @@ def test_clean_leaves_no_container(rig: RigCluster) -> None:
     done = rig.inv(*prebuild_args(path))
     assert done.returncode == 0, done.stderr
     assert warm(rig)
+    assert park_dir(str(rig.project)).is_dir()
     done = rig.inv("clean", "--cluster-file", str(path))
     assert done.returncode == 0, done.stderr
     assert warm(rig, running=False) == []
+    assert not park_dir(str(rig.project)).exists()  # nor a standby parked in one
 
 
 def edit(rig: RigCluster) -> None:
@@ -260,9 +264,11 @@ def test_compose_builds_are_warm_too_and_byte_identical(rig: RigCluster) -> None
     done = rig.inv(*prebuild_args(path, "--no-warm"))
     assert done.returncode == 0, done.stderr
     assert binaries(rig) == warm_bytes
+    assert park_dir(str(rig.project)).is_dir()
     done = rig.inv("clean", "--cluster-file", str(path))
     assert done.returncode == 0, done.stderr
     assert warm(rig, running=False) == []
+    assert not park_dir(str(rig.project)).exists()  # nor a standby parked in one
 
 
 def test_a_timeout_kills_the_build_inside_the_container(rig: RigCluster) -> None:
@@ -391,26 +397,20 @@ def rewritten(rig: RigCluster, logs: dict[str, int]) -> bool:
     return all(now.get(path) != seen for path, seen in logs.items())
 
 
-def short_id(name: str) -> str:
-    """A container's id as ``docker ps -q`` shows it."""
-    inspected = ["docker", "inspect", "-f", "{{.Id}}", name]
-    return subprocess.run(inspected, capture_output=True, text=True, check=True).stdout[:12]
-
-
 def built_binaries(rig: RigCluster) -> dict[str, str]:
     """Each shared target dir's binary, by its sha256 (what cargo last wrote)."""
     found = (rig.project / "target/cluster/_shared").glob("*/release/ddp-bench")
     return {str(path): file_sha256(path) for path in found}
 
 
-def test_a_prebuild_runs_its_builds_in_docker_execs_started_during_preflight(
-    rig: RigCluster,
-) -> None:
-    """After an edit, a prebuild's looks (beside the ssh probe) say its builds will run:
-    it starts a docker exec waiting in each warm container then, and each build writes
-    its command to one (no other docker exec runs a build); every host runs the edit.
-    When preflight fails, those execs end having run nothing: no cargo wrote a binary and
-    nothing waits in a container."""
+def test_a_prebuild_runs_its_builds_in_docker_execs_started_ahead(rig: RigCluster) -> None:
+    """A prebuild that succeeded parks a docker exec in each warm container it built in;
+    after an edit, the next prebuild's builds run in those (no docker exec runs a build,
+    none starts beside preflight), every host runs the edit, and new ones are parked.
+    When preflight fails, the parked ones stay as they were. Where none is parked, the
+    prebuild starts one in each container beside preflight (its looks say its builds will
+    run); when preflight then fails, they end having run nothing. Either way no cargo
+    wrote a binary."""
     path = cluster_file(rig, "ahead.yaml")
     try:
         prebuilds_in_standbys(rig, path)
@@ -423,14 +423,17 @@ def prebuilds_in_standbys(rig: RigCluster, path: Path) -> None:
     assert rig.inv(*prebuild_args(path)).returncode == 0
     names = warm(rig)
     assert len(names) == 3
+    first = {name: parked_when_ready(name) for name in names}
     env, calls = docker_calls(rig, "ahead")
     set_rev(rig, "a1")
     done = rig.inv(*prebuild_args(path), env=env)
     assert done.returncode == 0, done.stderr
     execs = [line.split() for line in calls.read_text().splitlines() if line.startswith("exec ")]
-    assert sorted(short_id(e[2]) for e in execs if e[1] == "-i") == sorted(names), execs
-    assert [e for e in execs if e[1] != "-i"] == []
+    assert [e for e in execs if e[1] != "-d"] == []  # the builds ran in the parked ones
+    assert sorted(e[2] for e in execs) == sorted(container_name(n) for n in names), execs
     assert revs_published(rig) == {"a1"}
+    again = {name: parked_when_ready(name) for name in names}
+    assert all(again[n] != first[n] for n in names)  # each used, another one parked
     assert all(standbys(n) == [] for n in names)
     # a host whose declared data path is missing: preflight fails after the looks
     workers = [rig.worker(h.name, arch=a) for h, a in zip(HOSTS, VARIANTS, strict=True)]
@@ -441,11 +444,49 @@ def prebuilds_in_standbys(rig: RigCluster, path: Path) -> None:
     set_rev(rig, "a2")
     done = rig.inv(*prebuild_args(failing), env=env)
     assert done.returncode != 0 and "preflight found errors" in done.stderr, done.stderr
+    assert "exec " not in calls.read_text()
+    assert {name: parked(name) for name in names} == again
+    # none parked (the shells and their directories gone): standbys beside preflight
+    for name in names:
+        kill = ["docker", "exec", name, "sh", "-c", 'kill -9 "$@"', "sh", *again[name]]
+        subprocess.run(kill, check=True)
+        shutil.rmtree(park_dir(str(rig.project)) / container_name(name))
+    done = rig.inv(*prebuild_args(failing), env=env)
+    assert done.returncode != 0 and "preflight found errors" in done.stderr, done.stderr
     started = [line for line in calls.read_text().splitlines() if line.startswith("exec -i ")]
     assert len(started) == 3, calls.read_text()
     assert built_binaries(rig) == before
-    assert all(standbys(n) == [] for n in names)
+    assert all(standbys(n) == [] and parked(n) == [] for n in names)
     assert revs_published(rig) == {"a1"}
+
+
+def parked(name: str) -> list[str]:
+    """The pids of the shells parked in a container (``PARK``: they wait in its mount)."""
+    script = (
+        "for p in /proc/[0-9]*; do [ ${p#/proc/} = $$ ] && continue; "
+        f"[ $p/cwd -ef {PARK_MOUNT} ] && grep -q argv= $p/cmdline && echo ${{p#/proc/}}; "
+        "done; true"
+    )
+    done = subprocess.run(
+        ["docker", "exec", name, "sh", "-c", script], capture_output=True, text=True, check=True
+    )
+    return sorted(done.stdout.split())
+
+
+def parked_when_ready(name: str) -> list[str]:
+    """The one shell parked in a container, once its ``docker exec -d`` has started it."""
+    deadline = time.monotonic() + 30
+    while len(found := parked(name)) != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(found) == 1, (name, found)
+    return found
+
+
+def container_name(name_or_id: str) -> str:
+    """A container's name (``docker ps`` gives ids)."""
+    inspected = ["docker", "inspect", "-f", "{{.Name}}", name_or_id]
+    done = subprocess.run(inspected, capture_output=True, text=True, check=True)
+    return done.stdout.strip().lstrip("/")
 
 
 def cycle_ok(run: Running, number: int) -> bool:

@@ -62,8 +62,7 @@ def test_the_next_build_runs_in_the_standby_its_last_one_left(tmp_path: Path) ->
     stream = io.StringIO()
     handed = standbys.start(line, stream)
     assert handed is not None and handed.key == "k"
-    result = handed.promise.join()
-    assert result.exited == 3 and handed.began()
+    assert handed.running.wait() == 3 and handed.began()
     said = stream.getvalue()  # stdout and stderr (one write each), a thread reading each
     assert said.replace("to-stderr\n", "", 1) == "a b|it's|two\nlines|$HOME|\n", said
     assert standbys.start(line, io.StringIO()) is None  # used: none waits until a refill
@@ -85,8 +84,8 @@ def test_a_standby_started_ahead_runs_the_first_build_of_its_key(tmp_path: Path)
     unused = standbys._waiting["unused"].promise.runner.process
     line = offered(standbys, ["touch", str(tmp_path / "ran")])
     handed = standbys.start(line, io.StringIO())
-    assert handed is not None and handed.promise.runner.process.pid == pid
-    assert handed.promise.join().exited == 0
+    assert handed is not None and handed.running.pid == pid
+    assert handed.running.wait() == 0
     assert (tmp_path / "ran").exists()
     standbys.close()
     assert unused.poll() == 0
@@ -171,7 +170,7 @@ def test_a_standby_killed_after_being_handed_its_command_says_it_never_began(
     stream = io.StringIO()
     handed = standbys.start(line, stream)
     assert handed is not None  # its client was still there
-    assert handed.promise.join().exited == 128 + signal.SIGKILL
+    assert handed.running.wait() == 128 + signal.SIGKILL
     assert not handed.began()
     assert not (tmp_path / "ran").exists()
     assert stream.getvalue() == ""

@@ -22,6 +22,7 @@ from fdl_tasks.build.build_argv import (
 from fdl_tasks.build.build_environment import BuildEnvironment, BuildJob, NoEnvironment
 from fdl_tasks.build.build_record import RECORD_RUN_ID, RecordInputs
 from fdl_tasks.build.docker_tools import check_docker, user_ids
+from fdl_tasks.build.parked_standbys import park_mount
 from fdl_tasks.cache.compile_cache import (
     CONTAINER_SCCACHE,
     CONTAINER_TARGET,
@@ -261,4 +262,6 @@ class DockerRunBackend(ContainerBackend):
         return docker_line(job, self.controller, self.docker, self.run_id, self.user, self.cache)
 
     def _options(self, job: BuildJob) -> list[str]:
-        return run_options(job, self.controller, self.docker, self.user, self.cache)
+        """A warm container's options: a build's own, and the project's parked standbys."""
+        options = run_options(job, self.controller, self.docker, self.user, self.cache)
+        return [*options[:-1], park_mount(self.warm.root), options[-1]] if self.warm else options
