@@ -138,8 +138,8 @@ def prebuild(
 def standing_by(run: Run) -> Iterator[Run]:
     """The run with standbys of its own for its builds (:mod:`fdl_tasks.core.standbys`),
     each closed at the end if unused, and, if it succeeded, one parked for the next run
-    in each container it built in (under the project lock, where builds claim them);
-    a watch's run keeps its session's."""
+    in each container it built in (:mod:`fdl_tasks.build.parked_standbys`); a watch's run
+    keeps its session's."""
     if run.standbys is not None or not run.settings.warm_containers:
         yield run
         return
@@ -149,8 +149,7 @@ def standing_by(run: Run) -> Iterator[Run]:
     except BaseException:
         standbys.close()
         raise
-    with project_lock(run.root / LOCK_FILE, run.report):
-        standbys.close(park=True)
+    standbys.close(park=True)
 
 
 def build_and_publish(

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from invoke.context import Context
 
-from fdl_tasks.build.parked_standbys import KILLED, Parking, park_dir
+from fdl_tasks.build.parked_standbys import KILLED, Parking, park_dir, park_queued
 from fdl_tasks.build.warm_containers import PARK, PARK_MOUNT
 from fdl_tasks.core.standbys import Offer, Standbys
 
@@ -65,6 +65,12 @@ def waiting_in(folder: Path) -> list[int]:
     return found
 
 
+def park_now(parking: Parking, key: str = KEY) -> None:
+    """Parked as a run's process parks it when it exits."""
+    parking.park(key)
+    park_queued(now=True)
+
+
 def parked_shell(parking: Parking, key: str = KEY) -> int:
     """The pid of the shell parked for ``key``, once it waits on its FIFO."""
     for _ in range(200):
@@ -83,7 +89,7 @@ def parked_shell(parking: Parking, key: str = KEY) -> int:
 def test_a_parked_shell_runs_the_command_in_the_execs_directory_and_keeps_its_status(
     parking: HereParking,
 ) -> None:
-    parking.park(KEY)
+    park_now(parking)
     parked_shell(parking)  # waiting where the keeper does not count it as work
     assert parking.waiting(KEY)
     standbys = Standbys(Context(), parking)
@@ -98,7 +104,7 @@ def test_a_parked_shell_runs_the_command_in_the_execs_directory_and_keeps_its_st
 
 
 def test_an_offer_that_is_not_parkable_never_claims_one(parking: HereParking) -> None:
-    parking.park(KEY)
+    park_now(parking)
     parked_shell(parking)
     standbys = Standbys(Context(), parking)
     standbys.offer("the line", Offer(KEY, "unused", "true"))  # a compose container's
@@ -110,7 +116,7 @@ def test_a_parked_shell_that_died_is_no_standby_and_its_directory_goes(
     parking: HereParking,
 ) -> None:
     assert parking.claim(KEY, "true", io.StringIO()) is None  # never parked
-    parking.park(KEY)
+    park_now(parking)
     os.killpg(os.getpgid(parked_shell(parking)), signal.SIGKILL)  # its container stopped
     time.sleep(0.1)
     assert parking.claim(KEY, "true", io.StringIO()) is None
@@ -129,6 +135,8 @@ def test_a_run_parks_where_its_builds_used_a_parkable_offer_and_only_if_asked(
     standbys.offer("the line", Offer(KEY, "unused", "true", parkable=True))
     assert standbys.start("the line", io.StringIO()) is None
     standbys.close(park=True)
+    assert not parking.waiting(KEY)  # not before this process exits
+    park_queued(now=True)
     parked_shell(parking)
     assert parking.waiting(KEY) and not parking.waiting("fdl-warm-other")  # not used
     ahead = Standbys(Context(), parking)
@@ -139,7 +147,7 @@ def test_a_run_parks_where_its_builds_used_a_parkable_offer_and_only_if_asked(
 
 
 def test_a_parked_shell_killed_while_it_runs_says_so(parking: HereParking) -> None:
-    parking.park(KEY)
+    park_now(parking)
     parked_shell(parking)
     stream = io.StringIO()
     running = parking.claim(KEY, shlex.join(["sh", "-c", "echo started; exec sleep 30"]), stream)
@@ -165,3 +173,26 @@ def test_the_directory_is_per_project_in_the_users_cache(
     first, second = park_dir("/a/project"), park_dir("/another")
     assert first.parent == second.parent == tmp_path / "fdl-tasks" / "standbys"
     assert first != second
+
+
+def test_a_parking_leaves_alone_the_directory_of_a_shell_running_a_command(
+    parking: HereParking,
+) -> None:
+    """A claimed shell opens ``out`` after reading its command: another run's parking
+    never remakes its directory before it has left its status. One killed before that
+    (a stop) leaves none: the next claim removes the directory, and it parks again."""
+    park_now(parking)
+    shell = parked_shell(parking)
+    running = parking.claim(KEY, shlex.join(["sh", "-c", "exec sleep 30"]), io.StringIO())
+    assert running is not None and not parking.waiting(KEY)  # taken
+    park_now(parking)
+    assert not parking.waiting(KEY) and (parking.dir / KEY / "out").exists()
+    os.killpg(os.getpgid(shell), signal.SIGKILL)
+    assert running.wait() == KILLED
+    park_now(parking)  # still no status: left alone
+    assert not parking.waiting(KEY)
+    assert parking.claim(KEY, "true", io.StringIO()) is None
+    assert not (parking.dir / KEY).exists()
+    park_now(parking)
+    parked_shell(parking)
+    assert parking.waiting(KEY)
