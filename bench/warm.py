@@ -36,7 +36,12 @@ B alternating within a repetition (medians):
   build's cargo in a warm container of the copy, and the 3 variants' at once,
   vs the bare ``docker run`` (no tool at all);
 - W2c where the floor is, in CPU: the whole machine's CPU seconds (every core)
-  while an edit's ``inv prebuild`` runs vs while W2w's 3 warm execs run.
+  while an edit's ``inv prebuild`` runs, and the standbys it parks as it exits
+  start, vs while W2w's 3 warm execs run.
+
+Each ``inv prebuild`` is followed by a wait for the standbys it parks (``docker exec
+-d`` clients started once it has exited) to have started, as they do while a user
+edits: their CPU is in no other measurement (the bare build after it above all).
 
 Results go to ``bench/warm-results.json`` with the machine and the date.
 """

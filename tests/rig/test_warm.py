@@ -428,12 +428,12 @@ def prebuilds_in_standbys(rig: RigCluster, path: Path) -> None:
     set_rev(rig, "a1")
     done = rig.inv(*prebuild_args(path), env=env)
     assert done.returncode == 0, done.stderr
+    again = {name: parked_when_ready(name) for name in names}  # parked once inv has ended
+    assert all(again[n] != first[n] for n in names)  # each used, another one parked
     execs = [line.split() for line in calls.read_text().splitlines() if line.startswith("exec ")]
     assert [e for e in execs if e[1] != "-d"] == []  # the builds ran in the parked ones
     assert sorted(e[2] for e in execs) == sorted(container_name(n) for n in names), execs
     assert revs_published(rig) == {"a1"}
-    again = {name: parked_when_ready(name) for name in names}
-    assert all(again[n] != first[n] for n in names)  # each used, another one parked
     assert all(standbys(n) == [] for n in names)
     # a host whose declared data path is missing: preflight fails after the looks
     workers = [rig.worker(h.name, arch=a) for h, a in zip(HOSTS, VARIANTS, strict=True)]
