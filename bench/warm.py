@@ -63,6 +63,7 @@ from bench import flodl_crate
 from bench.bare import bare, bare_command, bare_commands, bare_together, timed
 from bench.loop import Row, Timed, inv, log, table, when_and_where
 from bench.run import BenchError
+from fdl_tasks.build.parked_standbys import park_dir
 from fdl_tasks.build.warm_containers import WARM_JOB_LABEL, WARM_LABEL
 from fdl_tasks.config.layout import ENVELOPES_DIR, TIMINGS_DIR, envelope_file
 from fdl_tasks.core.atomic_files import write_atomically
@@ -133,11 +134,22 @@ class Setup:
         start (``docker exec -d`` clients it left), as they do while a user edits, so
         that their CPU is in no measurement of the next row (its bare build above all)."""
         args = ["prebuild", "--cmd", COMMAND, "--crate-dir", CRATE_DIR]
+        since = time.time()
         timed = inv(self.rig, *args, "--cluster-file", str(self.three), *options, env=ENV)
-        deadline = time.monotonic() + 30
-        while detached_execs() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        settle(self.project, since)
         return timed
+
+
+def settle(project: Path, since: float) -> None:
+    """Until each standby a prebuild of ``project`` parked after ``since`` is waiting (its
+    slot says it is ready) and no ``docker exec -d`` client runs: at most 30 s."""
+    slots = park_dir(str(project))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        made = [s for s in slots.glob("*/go") if s.stat().st_mtime >= since]
+        if all((s.parent / "ready").exists() for s in made) and not detached_execs():
+            return
+        time.sleep(0.01)
 
 
 def detached_execs() -> list[int]:

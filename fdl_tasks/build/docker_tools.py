@@ -199,7 +199,7 @@ def remove_containers(*labels: str) -> list[str]:
     except DockerError as exc:
         return [
             f"containers labelled {' '.join(labels)} may be left: the Docker daemon did not "
-            f"list them ({_one_line(exc)}); remove them with "
+            f"list them ({one_line(exc)}); remove them with "
             f"docker rm -f $(docker ps -aq {filters})"
         ]
     left = []
@@ -209,13 +209,13 @@ def remove_containers(*labels: str) -> list[str]:
             docker.remove_container(name)  # one gone meanwhile (its client's --rm) is no error
         except DockerError as exc:
             left.append(
-                f"container {name} could not be removed ({_one_line(exc)}); "
+                f"container {name} could not be removed ({one_line(exc)}); "
                 f"remove it with docker rm -f {name}"
             )
     return left
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:300]
 
 

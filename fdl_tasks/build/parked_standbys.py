@@ -4,22 +4,23 @@ A standby of :mod:`fdl_tasks.core.standbys` waits on the stdin of a ``docker exe
 client, which ends with the ``inv`` that started it: each prebuild paid three
 ``docker exec`` starts (~60 ms of CPU each: the client, the daemon, runc) beside its
 preflight, on a machine whose two cores an edit's run keeps busy to its last build.
-A parked one is started with ``docker exec -d`` as the process of a prebuild that
-succeeded exits (the user is editing then), so nothing on this machine waits with it,
-and the next prebuild's build only writes its command.
+A parked one is started with ``docker exec -d`` once the process of a prebuild that
+succeeded has exited (the user is editing then), so nothing on this machine waits
+with it, and the next prebuild's build only writes its command.
 
 Each warm container of a ``docker run`` build sees this project's directory of them
 at :data:`~fdl_tasks.build.warm_containers.PARK_MOUNT` (a mount of its own, in the
-user's cache: FIFOs need a local file system), one directory per container holding
-two FIFOs: the parked shell (:data:`~fdl_tasks.build.warm_containers.PARK`) reads its
-command from ``go`` and writes its output to ``out``; its exit status is left in
-``status``. Opening ``go`` without blocking says whether a shell still reads it
-(``ENXIO``: its container stopped, it was killed): then the build runs as it would
-have without one. A claim unlinks ``go``, so no other run takes the shell and no
-parking remakes its directory before it has left its status; claims and parkings
-take the directory's lock. A stop kills a parked shell with the rest of the
-container's processes; the keeper does not count a waiting one as work, so the idle
-timeout still holds.
+user's cache: FIFOs need a local file system), one directory (a *slot*) per
+container. The parked shell (:data:`~fdl_tasks.build.warm_containers.PARK`) says it
+is ``ready``, then waits for a claimer to open the FIFO ``out``, says ``parked`` there
+(so a claim never writes a command to a shell that is gone: its container stopped or
+was replaced), reads its command from the FIFO ``go``, runs it only if it came whole,
+and leaves its exit status in ``status``. A claim takes the slot (``ready`` removed);
+one that ends without a status (a stop killed it) removes the slot, so that the next
+parking makes it anew. Claims and parkings take the project's lock of them; a
+parking releases a shell still waiting in a slot before remaking it. Nothing here
+follows a link a container could have put in a slot. The keeper does not count a
+waiting shell as work, so the idle timeout still holds.
 """
 
 from __future__ import annotations
@@ -33,27 +34,24 @@ import os
 import select
 import shlex
 import shutil
+import stat
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from fdl_tasks.build.warm_containers import PARK_MOUNT, park_argv
+from fdl_tasks.build.warm_containers import PARK_END, PARK_MOUNT, PARKED, park_argv
 from fdl_tasks.core.locks import FileLock
 from fdl_tasks.core.standbys import Output
 from fdl_tasks.core.user_cache import cache_home
 
-#: Seconds a claimed shell has to open ``out`` (it is already running: milliseconds); one
-#: that does not never runs its command (it would wait on ``out`` for a reader).
-OPEN_SECONDS = 2
+#: Seconds a parked shell has to answer a claim (it waits for it: milliseconds); one
+#: that does not is gone, and its slot with it. (A container made anew has its slot
+#: removed before: its shell went with the old one.)
+ANSWER_SECONDS = 0.5
 #: The exit status of a command whose shell left none (killed, as ``docker exec`` says it).
 KILLED = 128 + 9
-#: Seconds a shell has, once parked, to be reading its FIFO (its ``docker exec -d`` starting).
-READY_SECONDS = 2.0
-
-
-class _Starting(Exception):
-    """A shell parked moments ago is not reading its FIFO yet."""
 
 
 def park_dir(root: str) -> Path:
@@ -62,41 +60,57 @@ def park_dir(root: str) -> Path:
     return Path(cache_home()) / "fdl-tasks" / "standbys" / digest
 
 
-def park_mount(root: str) -> str:
+def park_mount(root: str) -> str | None:
     """The ``docker run`` option that shows the project's :func:`park_dir` to a warm
-    container (made first: a missing source would be made by the daemon, as root)."""
+    container (made first: a missing source would be made by the daemon, as root);
+    ``None`` when it cannot be made here, or written: then nothing is parked."""
     path = park_dir(root)
-    with contextlib.suppress(OSError):
+    try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return f"--volume={path}:{PARK_MOUNT}"
+    except OSError:
+        return None
+    return f"--volume={path}:{PARK_MOUNT}" if os.access(path, os.W_OK | os.X_OK) else None
+
+
+def _open_fifo(path: Path, flags: int) -> int:
+    """A FIFO of a slot opened without blocking, never through a link (a container can
+    write in its slot: ``OSError`` for anything but a FIFO)."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW)
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a FIFO", str(path))
+    return fd
 
 
 class ParkedRun:
     """A command handed to a parked shell: its output relayed from ``out`` until every
-    writer closed it, then its status (:data:`KILLED` when the shell left none)."""
+    writer closed it, then its status (:data:`KILLED`, and the slot removed, when the
+    shell left none)."""
 
     pid = None  # nothing runs on this machine: a stop kills it in its container
 
-    def __init__(self, slot: Path, out: int, relay: Output) -> None:
-        self.slot, self.relay, self.code = slot, relay, KILLED
+    def __init__(self, parking: Parking, key: str, out: int, relay: Output) -> None:
+        self.parking, self.key, self.relay, self.code = parking, key, relay, KILLED
         self._thread = threading.Thread(target=self._relay, args=(out,), daemon=True)
         self._thread.start()
 
     def _relay(self, out: int) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         try:
-            poller = select.poll()
-            poller.register(out, select.POLLIN)
-            if not poller.poll(OPEN_SECONDS * 1000):  # never opened: it never began
-                return
             os.set_blocking(out, True)
             while chunk := os.read(out, 65536):
                 self.relay.write(decoder.decode(chunk))
             self.relay.write(decoder.decode(b"", final=True))
         finally:
             os.close(out)
-        with contextlib.suppress(OSError, ValueError):
-            self.code = int((self.slot / "status").read_text(encoding="utf-8"))
+        slot = self.parking.dir / self.key
+        try:
+            status = os.open(slot / "status", os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(status) as file:
+                self.code = int(file.read(16))
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError), self.parking.locked():
+                shutil.rmtree(slot, ignore_errors=True)
 
     def wait(self) -> int:
         self._thread.join()
@@ -110,65 +124,57 @@ class Parking:
         self.dir = park_dir(root)
 
     def waiting(self, key: str) -> bool:
-        return (self.dir / key / "go").exists()
+        return (self.dir / key / "ready").exists()
 
     def claim(self, key: str, text: str, relay: Output) -> ParkedRun | None:
-        while True:
-            try:
-                with self._locked():
-                    return self._try_claim(self.dir / key, text, relay)
-            except _Starting:
-                time.sleep(0.01)
-
-    def _try_claim(self, slot: Path, text: str, relay: Output) -> ParkedRun | None:
-        """The command handed to the slot's shell; ``None`` (the slot removed) when none
-        reads its FIFO; :class:`_Starting` while one parked moments ago may still start."""
+        """Called under the project lock: a slot taken and never given its status is
+        from a run that is over, and is removed."""
+        slot = self.dir / key
         try:
-            go = os.open(slot / "go", os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO and _parked_since(slot / "go") < READY_SECONDS:
-                raise _Starting from None
-            shutil.rmtree(slot, ignore_errors=True)
-            return None
-        try:
-            out = os.open(slot / "out", os.O_RDONLY | os.O_NONBLOCK)
-            (slot / "status").unlink(missing_ok=True)
-            os.set_blocking(go, True)
-            os.write(go, text.encode())
-            (slot / "go").unlink()  # taken: no other run waits for it, none parks over it
+            with self.locked():
+                if not (slot / "ready").exists():
+                    shutil.rmtree(slot, ignore_errors=True)
+                    return None
+                out = _open_fifo(slot / "out", os.O_RDONLY)
+                if not _handed(slot, out, text):
+                    os.close(out)
+                    shutil.rmtree(slot, ignore_errors=True)
+                    return None
         except OSError:
             return None
-        finally:
-            os.close(go)  # the shell's read ends: the command is whole
-        return ParkedRun(slot, out, relay)
+        return ParkedRun(self, key, out, relay)
 
-    def _locked(self) -> FileLock[str]:
-        """The project's parked standbys held: a claim and a parking never interleave."""
-        lock = FileLock.create(self.dir / ".lock")
-        lock.take(wait=True)
-        return lock
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The project's parked standbys held: claims and parkings never interleave."""
+        with FileLock.create(self.dir / ".lock") as lock:
+            lock.take(wait=True)
+            yield
 
     def park(self, key: str) -> None:
-        """A shell parked in container ``key`` as this process exits (:func:`park_queued`):
-        a ``docker exec -d`` costs ~60 ms of CPU, paid while the user edits, not while
-        this run's last work and exit still need the cores."""
+        """A shell parked in container ``key`` once this process has exited
+        (:func:`park_queued`): a ``docker exec -d`` costs ~60 ms of CPU, paid while the
+        user edits, not while this run's last work and exit still need the cores."""
         global _atexit_registered
         if not _atexit_registered:
             atexit.register(park_queued)
             _atexit_registered = True
-        _queued.append((self, key))
+        _queued[(self.dir, key)] = self
 
     def parker(self, key: str) -> list[str]:
         """What parks the shell: a ``docker exec -d`` in container ``key``."""
         return park_argv(key)
 
     def _slot_made(self, key: str) -> bool:
-        """Container ``key``'s directory made anew, with its two FIFOs; not one whose shell
-        was handed a command and has not left its status (it may still open ``out``)."""
+        """Container ``key``'s slot made anew, with its two FIFOs (a shell still waiting
+        in it released first); not one taken whose shell has left no status yet (another
+        run's build may still run in it)."""
         slot = self.dir / key
-        handed = (slot / "out").exists() and not (slot / "go").exists()
-        if handed and not (slot / "status").exists():
+        taken = (slot / "out").exists() and not (slot / "ready").exists()
+        if taken and not (slot / "status").exists():
             return False
+        with contextlib.suppress(OSError):
+            os.close(_open_fifo(slot / "out", os.O_RDONLY))  # it says parked to no one: ends
         try:
             shutil.rmtree(slot, ignore_errors=True)
             slot.mkdir(mode=0o700, parents=True)
@@ -180,21 +186,60 @@ class Parking:
         return True
 
 
+def _handed(slot: Path, out: int, text: str) -> bool:
+    """``text`` handed to the slot's shell, once it has said it is there (it does as
+    ``out`` is opened); ``False`` when it never does. The command is written whole,
+    with :data:`PARK_END` (the shell runs nothing else), and the slot taken."""
+    deadline = time.monotonic() + ANSWER_SECONDS
+    said = b""
+    poller = select.poll()
+    poller.register(out, select.POLLIN)
+    while not said.startswith(PARKED.encode()):
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            return False
+        try:
+            chunk = os.read(out, len(PARKED) - len(said))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return False  # it ended: nothing more will come
+        said += chunk
+    while True:  # it opens ``go`` to read as soon as it has said so
+        try:
+            go = _open_fifo(slot / "go", os.O_WRONLY)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                return False
+        time.sleep(0.002)
+    try:
+        os.set_blocking(go, True)
+        data = f"{text}\n{PARK_END}".encode()
+        while data:
+            data = data[os.write(go, data) :]
+    finally:
+        os.close(go)  # a command cut short ends without its end: the shell runs nothing
+    (slot / "ready").unlink(missing_ok=True)
+    return True
+
+
 #: What :meth:`Parking.park` was asked to park, started by :func:`park_queued`.
-_queued: list[tuple[Parking, str]] = []
+_queued: dict[tuple[Path, str], Parking] = {}
 _atexit_registered = False
 
 
 def park_queued(*, now: bool = False) -> None:
-    """Every queued standby parked: each one's FIFOs made now, its ``docker exec -d``
+    """Every queued standby parked: each one's slot made now, its ``docker exec -d``
     started once this process has ended (``now``: at once), by a shell in a session of
     its own that waits for a pipe only this process holds to close: their CPU is not
     this process's exit's. Nothing here waits for them; nothing of theirs holds this
     process's output."""
-    queued, _queued[:] = list(_queued), []
+    queued = list(_queued.items())
+    _queued.clear()
     lines = []
-    for parking, key in queued:
-        with contextlib.suppress(OSError), parking._locked():
+    for (_, key), parking in queued:
+        with contextlib.suppress(OSError), parking.locked():
             if parking._slot_made(key):
                 lines.append(shlex.join(parking.parker(key)) + " </dev/null >/dev/null 2>&1 &")
     if not lines:
@@ -214,11 +259,3 @@ def park_queued(*, now: bool = False) -> None:
     os.close(after)
     if now:
         os.close(held)  # else left open: the kernel closes it as this process ends
-
-
-def _parked_since(fifo: Path) -> float:
-    """Seconds since ``fifo`` was made (its shell parked), ``inf`` when it is gone."""
-    try:
-        return time.time() - fifo.stat().st_mtime
-    except OSError:
-        return float("inf")

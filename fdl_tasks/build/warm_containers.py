@@ -201,15 +201,23 @@ def standby_line(name: str) -> str:
     return shlex.join(["docker", "exec", "-i", name, "sh", "-c", STANDBY])
 
 
+#: What a parked shell says on ``out`` as a claimer opens it: it is there.
+PARKED = "parked\n"
+#: The line a claimer ends a command with: a command cut short (its writer died) lacks it.
+PARK_END = "# fdl-tasks: the command is whole"
+
 #: A standby parked by one prebuild for the next: started with ``docker exec -d`` (no
-#: client waits with it), it waits in :data:`PARK_MOUNT` (where the keeper does not count
-#: it as work) for its command on the FIFO ``go``, writes its output to the FIFO ``out``
-#: the claiming run reads, says it begins, runs the command in the exec's own working
-#: directory and leaves its exit status in ``status``. Nothing read is nothing run, exit 0.
+#: client waits with it), it says it is ``ready`` in its slot in :data:`PARK_MOUNT`
+#: (where the keeper does not count it as work), waits for a claimer to open the FIFO
+#: ``out`` and says :data:`PARKED` there, reads its command from the FIFO ``go``, and
+#: runs it only if it ends with :data:`PARK_END`: it says it begins, runs the command
+#: in the exec's own working directory and leaves its exit status in ``status``.
 PARK = (
     f"w=$PWD; cd {PARK_MOUNT} || exit 0; "
-    'argv=$(cat "$1/go") || exit 0; [ -n "$argv" ] || exit 0; '
-    'exec >"$1/out" 2>&1 </dev/null; cd "$w" || exit 126; '
+    ': >"$1/ready" || exit 0; exec >"$1/out" 2>&1 </dev/null; '
+    f"printf %s {shlex.quote(PARKED)}; "
+    'argv=$(cat "$1/go") || exit 0; '
+    f'case $argv in *{shlex.quote(PARK_END)}) ;; *) exit 0 ;; esac; cd "$w" || exit 126; '
     f"echo {shlex.quote(BEGAN.strip())} >&2; "
     f'eval "$argv"; echo $? >"{PARK_MOUNT}/$1/status"'
 )

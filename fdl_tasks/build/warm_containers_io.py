@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fdl_tasks.build.docker_api import DockerApi, DockerError, container_name, labels_of
-from fdl_tasks.build.docker_tools import remove_containers
+from fdl_tasks.build.docker_tools import one_line, remove_containers
+from fdl_tasks.build.parked_standbys import park_dir
 from fdl_tasks.build.warm_containers import (
     KILL_BUILDS,
     PARK_MOUNT,
@@ -135,7 +136,7 @@ class WarmContainers:
             self._ensure(job, name, image_id, start or run_start(options))
         except Exception as exc:  # the daemon's failure: the build says it as docker run would
             self._say_once(
-                f"{job}: no warm build container ({_one_line(exc)}): a container of its own"
+                f"{job}: no warm build container ({one_line(exc)}): a container of its own"
             )
             return None
         with self._lock:
@@ -192,6 +193,7 @@ class WarmContainers:
             self.say(f"replacing the build container of {job}: {what} changed")
             with contextlib.suppress(DockerError):
                 self.docker.remove_container(container_name(container))
+        shutil.rmtree(park_dir(self.root) / name, ignore_errors=True)  # its shell is gone
         line = start(identity(name, self.root, job, image_id), keeper_argv(self.settings))
         made = subprocess.run(
             line,
@@ -294,7 +296,3 @@ def _touch(state: Path, name: str) -> None:
             return
         state.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(state, name + "\n")
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]

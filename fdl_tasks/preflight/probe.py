@@ -80,12 +80,13 @@ class ProbeRequest:
         if self.paths is not None:
             lines += self.paths.lines()
         if self.abi:
-            libs = "\n".join(self.variant.lines()) if self.variant else ":"
+            libs = "; ".join(self.variant.lines()) if self.variant else ":"
             lines += [
                 *HOST_FACT_LINES,
                 "if command -v pkill >/dev/null 2>&1; then echo pkill=yes; else echo pkill=no; fi",
-                "fdl_gpus() {\n" + "\n".join(GPU_FACT_LINES) + "\n}",
-                f"fdl_libs() {{\n{libs}\n}}",
+                # one line each: ``inv --dry`` shows the script's lines joined by "; "
+                "fdl_gpus() { " + "; ".join(GPU_FACT_LINES) + "; }",
+                f"fdl_libs() {{ {libs}; }}",
                 "if command -v nvidia-smi >/dev/null 2>&1 || command -v rocminfo >/dev/null 2>&1; "
                 "then fdl_gpus & u=$(fdl_libs); else fdl_gpus; fdl_libs; u=; fi",
                 *(self.nccl.lines() if self.nccl else ()),

@@ -30,14 +30,16 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigCluster]:
 
 @pytest.fixture
 def counted(rig: RigCluster) -> Path:
-    """A ``docker`` first on PATH that records each invocation, then runs the real one."""
+    """A ``docker`` first on PATH that records each invocation, then runs the real one;
+    not a ``docker exec -d`` that parks a standby for the next run once one has ended
+    (it starts no container and no build, and may come after the test has counted)."""
     shims = rig.root / "count-bin"
     shims.mkdir(exist_ok=True)
     log = rig.root / "docker-calls"
     log.write_text("")
     real = shutil.which("docker")
     shim = shims / "docker"
-    shim.write_text(f'#!/bin/sh\necho "$1" >> {log}\nexec {real} "$@"\n')
+    shim.write_text(f'#!/bin/sh\n[ "$1 $2" = "exec -d" ] || echo "$1" >> {log}\nexec {real} "$@"\n')
     shim.chmod(0o755)
     shutil.rmtree(rig.project / "target", ignore_errors=True)
     return log

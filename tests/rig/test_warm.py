@@ -193,6 +193,8 @@ def test_idle_timeout_stops_the_container_with_no_inv_alive(rig: RigCluster) -> 
     done = rig.inv(*prebuild_args(path), env={"INVOKE_FDL_WARM_IDLE": "10"})
     assert done.returncode == 0, done.stderr
     assert len(warm(rig)) == 3
+    for name in warm(rig):  # a standby parked in each, waiting: no work for the keeper
+        parked_when_ready(name)
     deadline = time.monotonic() + 40
     while warm(rig, running=False) and time.monotonic() < deadline:
         time.sleep(0.5)

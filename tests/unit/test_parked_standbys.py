@@ -50,7 +50,7 @@ def parking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HerePar
     (tmp_path / "work dir").mkdir()
     parking = HereParking(str(tmp_path / "project"), tmp_path / "work dir")
     yield parking
-    for pid in waiting_in(parking.dir):  # what a test left parked, as a stop kills it
+    for pid in waiting_in(parking.dir) + waiting_in(parking.workdir):  # as a stop kills them
         with contextlib.suppress(OSError):
             os.killpg(os.getpgid(pid), signal.SIGKILL)
 
@@ -72,16 +72,13 @@ def park_now(parking: Parking, key: str = KEY) -> None:
 
 
 def parked_shell(parking: Parking, key: str = KEY) -> int:
-    """The pid of the shell parked for ``key``, once it waits on its FIFO."""
-    for _ in range(200):
-        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-            try:
-                cwd = os.readlink(f"/proc/{pid}/cwd")
-                command = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if cwd == str(parking.dir) and command.endswith(f"\0{key}\0".encode()):
-                return int(pid)
+    """The pid of the shell parked for ``key``, once it is ready: waiting for a claim."""
+    for _ in range(250):
+        if parking.waiting(key):
+            for pid in waiting_in(parking.dir):
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{pid}/cmdline").read_bytes().endswith(f"\0{key}\0".encode()):
+                        return pid
         time.sleep(0.02)
     raise AssertionError("no shell parked")
 
@@ -91,16 +88,15 @@ def test_a_parked_shell_runs_the_command_in_the_execs_directory_and_keeps_its_st
 ) -> None:
     park_now(parking)
     parked_shell(parking)  # waiting where the keeper does not count it as work
-    assert parking.waiting(KEY)
     standbys = Standbys(Context(), parking)
     command = ["sh", "-c", 'pwd; echo "to stderr" >&2; exit 3']
-    text = shlex.join(command)
-    standbys.offer("the line", Offer(KEY, "unused", text, parkable=True))
+    standbys.offer("the line", Offer(KEY, "unused", shlex.join(command), parkable=True))
     stream = io.StringIO()
     handed = standbys.start("the line", stream)
     assert handed is not None and handed.running.pid is None  # nothing runs here
+    assert not parking.waiting(KEY)  # taken
     assert handed.running.wait() == 3 and handed.began()
-    assert stream.getvalue() == f"{parking.workdir}\nto stderr\n"  # the mark held back
+    assert stream.getvalue() == f"{parking.workdir}\nto stderr\n"  # what it said before, not
 
 
 def test_an_offer_that_is_not_parkable_never_claims_one(parking: HereParking) -> None:
@@ -112,15 +108,53 @@ def test_an_offer_that_is_not_parkable_never_claims_one(parking: HereParking) ->
     assert parking.waiting(KEY)
 
 
-def test_a_parked_shell_that_died_is_no_standby_and_its_directory_goes(
-    parking: HereParking,
-) -> None:
+def test_a_parked_shell_that_is_gone_is_no_standby_and_its_slot_goes(parking: HereParking) -> None:
     assert parking.claim(KEY, "true", io.StringIO()) is None  # never parked
     park_now(parking)
     os.killpg(os.getpgid(parked_shell(parking)), signal.SIGKILL)  # its container stopped
-    time.sleep(0.1)
-    assert parking.claim(KEY, "true", io.StringIO()) is None
-    assert not (parking.dir / KEY).exists()
+    assert parking.waiting(KEY)  # as far as its slot says
+    ran = parking.workdir / "ran"
+    assert parking.claim(KEY, shlex.join(["touch", str(ran)]), io.StringIO()) is None
+    assert not (parking.dir / KEY).exists() and not ran.exists()
+
+
+def test_a_shell_that_cannot_wait_in_its_slot_is_not_waiting(parking: HereParking) -> None:
+    """Its slot not its own (rootless Docker, another user): it says nothing, so a run
+    starts a standby of its own beside preflight, and its build does not wait for it."""
+    parking.parker = lambda key: ["true"]  # type: ignore[method-assign]
+    park_now(parking)
+    time.sleep(0.2)
+    assert not parking.waiting(KEY)
+    ahead = Standbys(Context(), parking)
+    ahead.ahead(KEY, "cat >/dev/null")
+    assert list(ahead._waiting) == [KEY]
+    ahead.close()
+
+
+def test_a_command_cut_short_is_never_run(parking: HereParking) -> None:
+    """A claimer that dies while writing: the shell read a command without its end."""
+    park_now(parking)
+    parked_shell(parking)
+    slot = parking.dir / KEY
+    out = os.open(slot / "out", os.O_RDONLY | os.O_NONBLOCK)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # it says it is there
+        with contextlib.suppress(BlockingIOError):
+            if os.read(out, 100):
+                break
+        time.sleep(0.01)
+    ran = parking.workdir / "ran"
+    for _ in range(100):
+        with contextlib.suppress(OSError):
+            go = os.open(slot / "go", os.O_WRONLY | os.O_NONBLOCK)
+            break
+        time.sleep(0.01)
+    os.write(go, f"touch {shlex.quote(str(ran))}\n".encode())
+    os.close(go)
+    os.set_blocking(out, True)
+    assert os.read(out, 100) == b""  # it ended, having run nothing
+    os.close(out)
+    assert not ran.exists() and not (slot / "status").exists()
 
 
 def test_a_run_parks_where_its_builds_used_a_parkable_offer_and_only_if_asked(
@@ -131,39 +165,54 @@ def test_a_run_parks_where_its_builds_used_a_parkable_offer_and_only_if_asked(
     standbys.offer("other", Offer("fdl-warm-other", "unused", "true", parkable=True))
     assert standbys.start("the line", io.StringIO()) is None  # none parked yet: a plain exec
     standbys.close()  # a run that failed or was stopped parks nothing
-    assert not parking.waiting(KEY)
+    park_queued(now=True)
+    assert not (parking.dir / KEY).exists()
     standbys.offer("the line", Offer(KEY, "unused", "true", parkable=True))
     assert standbys.start("the line", io.StringIO()) is None
     standbys.close(park=True)
-    assert not parking.waiting(KEY)  # not before this process exits
+    assert not (parking.dir / KEY).exists()  # not before this process exits
     park_queued(now=True)
     parked_shell(parking)
-    assert parking.waiting(KEY) and not parking.waiting("fdl-warm-other")  # not used
+    assert not parking.waiting("fdl-warm-other")  # not used
     ahead = Standbys(Context(), parking)
-    ahead.ahead(KEY, "sh -c 'exit 9'")  # a standby of its own would be started: none is
+    ahead.ahead(KEY, "cat >/dev/null")  # a standby of its own would be started: none is
     assert ahead._waiting == {}
-    handed = parking.claim(KEY, "true", io.StringIO())
-    assert handed is not None and handed.wait() == 0
+    running = parking.claim(KEY, "true", io.StringIO())
+    assert running is not None and running.wait() == 0
 
 
-def test_a_parked_shell_killed_while_it_runs_says_so(parking: HereParking) -> None:
+def test_a_parked_shell_killed_while_it_runs_says_so_and_leaves_no_slot(
+    parking: HereParking,
+) -> None:
     park_now(parking)
-    parked_shell(parking)
+    shell = parked_shell(parking)
     stream = io.StringIO()
-    running = parking.claim(KEY, shlex.join(["sh", "-c", "echo started; exec sleep 30"]), stream)
+    command = shlex.join(["sh", "-c", "echo started; exec sleep 30"])
+    running = parking.claim(KEY, command, stream)
     assert running is not None
-    for _ in range(200):
+    park_now(parking)  # another run's parking: its slot is left alone while it runs
+    assert (parking.dir / KEY / "out").exists() and not parking.waiting(KEY)
+    for _ in range(250):
         if "started" in stream.getvalue():
             break
         time.sleep(0.02)
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):  # a stop: all of it killed
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if command.endswith(f"\0{KEY}\0".encode()) or command == b"sleep\x0030\x00":
-            os.kill(int(pid), signal.SIGKILL)
+    os.killpg(os.getpgid(shell), signal.SIGKILL)  # a stop: all of it killed
     assert running.wait() == KILLED
+    assert not (parking.dir / KEY).exists()  # so the next parking makes it anew
+    park_now(parking)
+    parked_shell(parking)
+
+
+def test_a_parking_releases_a_shell_still_waiting_in_the_slot(parking: HereParking) -> None:
+    park_now(parking)
+    first = parked_shell(parking)
+    park_now(parking)  # a key parked twice (two runs ending together)
+    for _ in range(250):
+        if not Path(f"/proc/{first}").exists():
+            break
+        time.sleep(0.02)
+    assert not Path(f"/proc/{first}").exists()  # ended, not left waiting on a lost FIFO
+    assert parked_shell(parking) != first  # the new one waits
 
 
 def test_the_directory_is_per_project_in_the_users_cache(
@@ -173,26 +222,3 @@ def test_the_directory_is_per_project_in_the_users_cache(
     first, second = park_dir("/a/project"), park_dir("/another")
     assert first.parent == second.parent == tmp_path / "fdl-tasks" / "standbys"
     assert first != second
-
-
-def test_a_parking_leaves_alone_the_directory_of_a_shell_running_a_command(
-    parking: HereParking,
-) -> None:
-    """A claimed shell opens ``out`` after reading its command: another run's parking
-    never remakes its directory before it has left its status. One killed before that
-    (a stop) leaves none: the next claim removes the directory, and it parks again."""
-    park_now(parking)
-    shell = parked_shell(parking)
-    running = parking.claim(KEY, shlex.join(["sh", "-c", "exec sleep 30"]), io.StringIO())
-    assert running is not None and not parking.waiting(KEY)  # taken
-    park_now(parking)
-    assert not parking.waiting(KEY) and (parking.dir / KEY / "out").exists()
-    os.killpg(os.getpgid(shell), signal.SIGKILL)
-    assert running.wait() == KILLED
-    park_now(parking)  # still no status: left alone
-    assert not parking.waiting(KEY)
-    assert parking.claim(KEY, "true", io.StringIO()) is None
-    assert not (parking.dir / KEY).exists()
-    park_now(parking)
-    parked_shell(parking)
-    assert parking.waiting(KEY)

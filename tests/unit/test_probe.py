@@ -250,3 +250,11 @@ def test_a_healthy_preflight_is_its_summary_alone() -> None:
         "preflight: 2 ok, 0 with warnings, 0 with errors"
     ]
     assert note_lines(verdicts) == [f"a, b: {gpu}"]
+
+
+def test_the_script_is_shell_as_sent_and_as_inv_dry_shows_it() -> None:
+    """``inv --dry`` prints the script with its lines joined by "; ": it must still parse."""
+    variant = VariantLibraries("precompiled/cu118", "/p/lib", "/p/lib")
+    script = ProbeRequest("/data", True, abi=True, variant=variant).script()
+    for text in (script, script.replace("\n", "; ")):
+        assert subprocess.run(["sh", "-n", "-c", text], capture_output=True).returncode == 0

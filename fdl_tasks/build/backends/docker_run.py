@@ -264,4 +264,5 @@ class DockerRunBackend(ContainerBackend):
     def _options(self, job: BuildJob) -> list[str]:
         """A warm container's options: a build's own, and the project's parked standbys."""
         options = run_options(job, self.controller, self.docker, self.user, self.cache)
-        return [*options[:-1], park_mount(self.warm.root), options[-1]] if self.warm else options
+        mount = park_mount(self.warm.root) if self.warm else None
+        return [*options[:-1], mount, options[-1]] if mount else options
