@@ -17,7 +17,7 @@ is ``ready``, then waits for a claimer to open the FIFO ``out``, says ``parked``
 was replaced), reads its command from the FIFO ``go``, runs it only if it came whole,
 and leaves its exit status in ``status``. A claim takes the slot (``ready`` removed);
 one that ends without a status (a stop killed it) removes the slot, so that the next
-parking makes it anew. Claims and parkings take the project's lock of them; a
+parking makes it anew. Claims and parkings take the slot's lock; a
 parking releases a shell still waiting in a slot before remaking it. Nothing here
 follows a link a container could have put in a slot. The keeper does not count a
 waiting shell as work, so the idle timeout still holds.
@@ -109,7 +109,7 @@ class ParkedRun:
             with os.fdopen(status) as file:
                 self.code = int(file.read(16))
         except (OSError, ValueError):
-            with contextlib.suppress(OSError), self.parking.locked():
+            with contextlib.suppress(OSError), self.parking.locked(self.key):
                 shutil.rmtree(slot, ignore_errors=True)
 
     def wait(self) -> int:
@@ -131,12 +131,16 @@ class Parking:
         from a run that is over, and is removed."""
         slot = self.dir / key
         try:
-            with self.locked():
+            with self.locked(key):
                 if not (slot / "ready").exists():
                     shutil.rmtree(slot, ignore_errors=True)
                     return None
                 out = _open_fifo(slot / "out", os.O_RDONLY)
-                if not _handed(slot, out, text):
+                try:
+                    handed = _handed(slot, out, text)
+                except OSError:  # its shell died as it was handed the command: none ran
+                    handed = False
+                if not handed:
                     os.close(out)
                     shutil.rmtree(slot, ignore_errors=True)
                     return None
@@ -145,9 +149,13 @@ class Parking:
         return ParkedRun(self, key, out, relay)
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """The project's parked standbys held: claims and parkings never interleave."""
-        with FileLock.create(self.dir / ".lock") as lock:
+    def locked(self, key: str) -> Iterator[None]:
+        """Container ``key``'s slot held (its lock beside it): a claim and a parking never
+        interleave; the builds of one run claim theirs side by side."""
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self.dir / f"{key}.lock"  # never through a link a container put there
+        stream = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+")
+        with FileLock(path, stream) as lock:
             lock.take(wait=True)
             yield
 
@@ -239,7 +247,7 @@ def park_queued(*, now: bool = False) -> None:
     _queued.clear()
     lines = []
     for (_, key), parking in queued:
-        with contextlib.suppress(OSError), parking.locked():
+        with contextlib.suppress(OSError), parking.locked(key):
             if parking._slot_made(key):
                 lines.append(shlex.join(parking.parker(key)) + " </dev/null >/dev/null 2>&1 &")
     if not lines:
