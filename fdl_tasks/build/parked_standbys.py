@@ -17,8 +17,9 @@ is ``ready``, then waits for a claimer to open the FIFO ``out``, says ``parked``
 was replaced), reads its command from the FIFO ``go``, runs it only if it came whole,
 and leaves its exit status in ``status``. A claim takes the slot (``ready`` removed);
 one that ends without a status (a stop killed it) removes the slot, so that the next
-parking makes it anew. Claims and parkings take the slot's lock; a
-parking releases a shell still waiting in a slot before remaking it. Nothing here
+parking makes it anew. A claim holds the slot's lock until its build has ended, and a
+parking never waits for it (that run parks its own as it ends); a parking releases a
+shell still waiting in a slot before remaking it. Nothing here
 follows a link a container could have put in a slot. The keeper does not count a
 waiting shell as work, so the idle timeout still holds.
 """
@@ -38,7 +39,6 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from fdl_tasks.build.warm_containers import PARK_END, PARK_MOUNT, PARKED, park_argv
@@ -85,12 +85,13 @@ def _open_fifo(path: Path, flags: int) -> int:
 class ParkedRun:
     """A command handed to a parked shell: its output relayed from ``out`` until every
     writer closed it, then its status (:data:`KILLED`, and the slot removed, when the
-    shell left none)."""
+    shell left none). It holds the slot's ``lock`` until then: no parking remakes the
+    slot of a build that runs."""
 
     pid = None  # nothing runs on this machine: a stop kills it in its container
 
-    def __init__(self, parking: Parking, key: str, out: int, relay: Output) -> None:
-        self.parking, self.key, self.relay, self.code = parking, key, relay, KILLED
+    def __init__(self, slot: Path, lock: FileLock[str], out: int, relay: Output) -> None:
+        self.slot, self.lock, self.relay, self.code = slot, lock, relay, KILLED
         self._thread = threading.Thread(target=self._relay, args=(out,), daemon=True)
         self._thread.start()
 
@@ -101,16 +102,14 @@ class ParkedRun:
             while chunk := os.read(out, 65536):
                 self.relay.write(decoder.decode(chunk))
             self.relay.write(decoder.decode(b"", final=True))
-        finally:
-            os.close(out)
-        slot = self.parking.dir / self.key
-        try:
-            status = os.open(slot / "status", os.O_RDONLY | os.O_NOFOLLOW)
+            status = os.open(self.slot / "status", os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(status) as file:
                 self.code = int(file.read(16))
         except (OSError, ValueError):
-            with contextlib.suppress(OSError), self.parking.locked(self.key):
-                shutil.rmtree(slot, ignore_errors=True)
+            shutil.rmtree(self.slot, ignore_errors=True)
+        finally:
+            os.close(out)
+            self.lock.close()
 
     def wait(self) -> int:
         self._thread.join()
@@ -127,37 +126,42 @@ class Parking:
         return (self.dir / key / "ready").exists()
 
     def claim(self, key: str, text: str, relay: Output) -> ParkedRun | None:
-        """Called under the project lock: a slot taken and never given its status is
-        from a run that is over, and is removed."""
+        """A slot whose shell is not ready (one that never started, or a run's that is
+        over) is removed."""
         slot = self.dir / key
         try:
-            with self.locked(key):
-                if not (slot / "ready").exists():
-                    shutil.rmtree(slot, ignore_errors=True)
-                    return None
-                out = _open_fifo(slot / "out", os.O_RDONLY)
-                try:
-                    handed = _handed(slot, out, text)
-                except OSError:  # its shell died as it was handed the command: none ran
-                    handed = False
-                if not handed:
-                    os.close(out)
-                    shutil.rmtree(slot, ignore_errors=True)
-                    return None
+            lock = self._lock(key, wait=True)
         except OSError:
             return None
-        return ParkedRun(self, key, out, relay)
+        try:
+            out = -1
+            if (slot / "ready").exists():
+                out = _open_fifo(slot / "out", os.O_RDONLY)
+                if _handed(slot, out, text):
+                    return ParkedRun(slot, lock, out, relay)
+        except OSError:  # its shell died as it was handed the command: none ran
+            pass
+        if out >= 0:
+            os.close(out)
+        shutil.rmtree(slot, ignore_errors=True)
+        lock.close()
+        return None
 
-    @contextlib.contextmanager
-    def locked(self, key: str) -> Iterator[None]:
-        """Container ``key``'s slot held (its lock beside it): a claim and a parking never
-        interleave; the builds of one run claim theirs side by side."""
+    def _lock(self, key: str, *, wait: bool) -> FileLock[str]:
+        """Container ``key``'s slot held (its lock beside it, never opened through a link
+        a container put there): a claim for its build's whole run, a parking while it
+        makes the slot; ``OSError`` when not ``wait`` and another holds it."""
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = self.dir / f"{key}.lock"  # never through a link a container put there
+        path = self.dir / f"{key}.lock"
         stream = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+")
-        with FileLock(path, stream) as lock:
-            lock.take(wait=True)
-            yield
+        lock = FileLock(path, stream)
+        try:
+            if lock.take(wait=wait):
+                return lock
+        except OSError:
+            pass
+        lock.close()
+        raise OSError(errno.EAGAIN, "held", str(path))
 
     def park(self, key: str) -> None:
         """A shell parked in container ``key`` once this process has exited
@@ -175,22 +179,24 @@ class Parking:
 
     def _slot_made(self, key: str) -> bool:
         """Container ``key``'s slot made anew, with its two FIFOs (a shell still waiting
-        in it released first); not one taken whose shell has left no status yet (another
-        run's build may still run in it)."""
-        slot = self.dir / key
-        taken = (slot / "out").exists() and not (slot / "ready").exists()
-        if taken and not (slot / "status").exists():
-            return False
-        with contextlib.suppress(OSError):
-            os.close(_open_fifo(slot / "out", os.O_RDONLY))  # it says parked to no one: ends
+        in it released first), unless a build runs in it (another run's claim holds it:
+        that run parks its own as it ends)."""
         try:
-            shutil.rmtree(slot, ignore_errors=True)
-            slot.mkdir(mode=0o700, parents=True)
-            for fifo in ("go", "out"):
-                os.mkfifo(slot / fifo, 0o600)
+            lock = self._lock(key, wait=False)
         except OSError:
-            shutil.rmtree(slot, ignore_errors=True)
             return False
+        slot = self.dir / key
+        with lock:
+            with contextlib.suppress(OSError):
+                os.close(_open_fifo(slot / "out", os.O_RDONLY))  # says parked to no one: ends
+            try:
+                shutil.rmtree(slot, ignore_errors=True)
+                slot.mkdir(mode=0o700, parents=True)
+                for fifo in ("go", "out"):
+                    os.mkfifo(slot / fifo, 0o600)
+            except OSError:
+                shutil.rmtree(slot, ignore_errors=True)
+                return False
         return True
 
 
@@ -247,9 +253,8 @@ def park_queued(*, now: bool = False) -> None:
     _queued.clear()
     lines = []
     for (_, key), parking in queued:
-        with contextlib.suppress(OSError), parking.locked(key):
-            if parking._slot_made(key):
-                lines.append(shlex.join(parking.parker(key)) + " </dev/null >/dev/null 2>&1 &")
+        if parking._slot_made(key):
+            lines.append(shlex.join(parking.parker(key)) + " </dev/null >/dev/null 2>&1 &")
     if not lines:
         return
     after, held = os.pipe()

@@ -222,3 +222,15 @@ def test_the_directory_is_per_project_in_the_users_cache(
     first, second = park_dir("/a/project"), park_dir("/another")
     assert first.parent == second.parent == tmp_path / "fdl-tasks" / "standbys"
     assert first != second
+
+
+def test_a_slot_left_by_a_run_that_died_is_parked_in_again(parking: HereParking) -> None:
+    """A run killed (SIGKILL) as its build ran in a parked shell leaves its slot taken
+    and without a status, and no lock held: the next parking makes it anew."""
+    slot = parking.dir / KEY
+    slot.mkdir(parents=True)
+    os.mkfifo(slot / "out")
+    os.mkfifo(slot / "go")
+    park_now(parking)
+    parked_shell(parking)
+    assert parking.waiting(KEY)
