@@ -187,8 +187,7 @@ class Parking:
             return False
         slot = self.dir / key
         with lock:
-            with contextlib.suppress(OSError):
-                os.close(_open_fifo(slot / "out", os.O_RDONLY))  # says parked to no one: ends
+            _released(slot)
             try:
                 shutil.rmtree(slot, ignore_errors=True)
                 slot.mkdir(mode=0o700, parents=True)
@@ -205,6 +204,41 @@ def _handed(slot: Path, out: int, text: str) -> bool:
     ``out`` is opened); ``False`` when it never does. The command is written whole,
     with :data:`PARK_END` (the shell runs nothing else), and the slot taken."""
     deadline = time.monotonic() + ANSWER_SECONDS
+    if not _answered(out, deadline):
+        return False
+    go = _go(slot, deadline)
+    try:
+        os.set_blocking(go, True)
+        data = f"{text}\n{PARK_END}".encode()
+        while data:
+            data = data[os.write(go, data) :]
+    finally:
+        os.close(go)  # a command cut short ends without its end: the shell runs nothing
+    (slot / "ready").unlink(missing_ok=True)
+    return True
+
+
+def _released(slot: Path) -> None:
+    """A shell still waiting in the slot told there is nothing to run, so that it ends
+    before its slot is made anew (it would wait on a FIFO no one writes to)."""
+    if not (slot / "ready").exists():
+        return
+    try:
+        out = _open_fifo(slot / "out", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        deadline = time.monotonic() + ANSWER_SECONDS
+        if _answered(out, deadline):
+            os.close(_go(slot, deadline))  # nothing written: it reads nothing, and ends
+    except OSError:
+        pass
+    finally:
+        os.close(out)
+
+
+def _answered(out: int, deadline: float) -> bool:
+    """Whether the slot's shell said :data:`PARKED` on ``out`` by ``deadline``."""
     said = b""
     poller = select.poll()
     poller.register(out, select.POLLIN)
@@ -219,23 +253,19 @@ def _handed(slot: Path, out: int, text: str) -> bool:
         if not chunk:
             return False  # it ended: nothing more will come
         said += chunk
-    while True:  # it opens ``go`` to read as soon as it has said so
+    return True
+
+
+def _go(slot: Path, deadline: float) -> int:
+    """The slot's ``go`` opened to write, once its shell reads it (it does as soon as it
+    has said it is there); ``OSError`` past ``deadline``."""
+    while True:
         try:
-            go = _open_fifo(slot / "go", os.O_WRONLY)
-            break
+            return _open_fifo(slot / "go", os.O_WRONLY)
         except OSError as exc:
             if exc.errno != errno.ENXIO or time.monotonic() > deadline:
-                return False
+                raise
         time.sleep(0.002)
-    try:
-        os.set_blocking(go, True)
-        data = f"{text}\n{PARK_END}".encode()
-        while data:
-            data = data[os.write(go, data) :]
-    finally:
-        os.close(go)  # a command cut short ends without its end: the shell runs nothing
-    (slot / "ready").unlink(missing_ok=True)
-    return True
 
 
 #: What :meth:`Parking.park` was asked to park, started by :func:`park_queued`.
