@@ -1,12 +1,10 @@
 """Standbys parked by one prebuild for the next, in the warm containers it built in.
 
-A standby of :mod:`fdl_tasks.core.standbys` waits on the stdin of a ``docker exec``
-client, which ends with the ``inv`` that started it: each prebuild paid three
-``docker exec`` starts (~60 ms of CPU each: the client, the daemon, runc) beside its
-preflight, on a machine whose two cores an edit's run keeps busy to its last build.
-A parked one is started with ``docker exec -d`` once the process of a prebuild that
-succeeded has exited (the user is editing then), so nothing on this machine waits
-with it, and the next prebuild's build only writes its command.
+A standby of :mod:`fdl_tasks.core.standbys` ends with the ``inv`` whose ``docker exec``
+client it waits on, so each prebuild paid three exec starts (~60 ms of CPU each) on
+cores its builds keep busy. A parked one is started with ``docker exec -d`` once a
+prebuild that succeeded has exited (the user is editing then): the next one's builds
+only write their commands.
 
 Each warm container of a ``docker run`` build sees this project's directory of them
 at :data:`~fdl_tasks.build.warm_containers.PARK_MOUNT` (a mount of its own, in the
@@ -46,9 +44,8 @@ from fdl_tasks.core.locks import FileLock
 from fdl_tasks.core.standbys import Output
 from fdl_tasks.core.user_cache import cache_home
 
-#: Seconds a parked shell has to answer a claim (it waits for it: milliseconds); one
-#: that does not is gone, and its slot with it. (A container made anew has its slot
-#: removed before: its shell went with the old one.)
+#: Seconds a parked shell has to answer a claim (milliseconds: it waits for one); one
+#: that does not is gone, and its slot with it.
 ANSWER_SECONDS = 0.5
 #: The exit status of a command whose shell left none (killed, as ``docker exec`` says it).
 KILLED = 128 + 9
@@ -165,8 +162,7 @@ class Parking:
 
     def park(self, key: str) -> None:
         """A shell parked in container ``key`` once this process has exited
-        (:func:`park_queued`): a ``docker exec -d`` costs ~60 ms of CPU, paid while the
-        user edits, not while this run's last work and exit still need the cores."""
+        (:func:`park_queued`): its CPU is paid while the user edits."""
         global _atexit_registered
         if not _atexit_registered:
             atexit.register(park_queued)
@@ -219,8 +215,7 @@ def _handed(slot: Path, out: int, text: str) -> bool:
 
 
 def _released(slot: Path) -> None:
-    """A shell still waiting in the slot told there is nothing to run, so that it ends
-    before its slot is made anew (it would wait on a FIFO no one writes to)."""
+    """A shell still waiting in the slot told there is nothing to run: it ends."""
     if not (slot / "ready").exists():
         return
     try:
